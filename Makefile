@@ -1,0 +1,27 @@
+# Developer entry points; every target installs the virtualenv first when needed.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+STAMP := $(VENV)/.installed
+
+.PHONY: venv demo test bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -e '.[test]'
+	touch $@
+
+demo: venv
+	mkdir -p reports
+	$(VENV)/bin/scalify verify configs/experiments/demo.yaml --numeric --json reports/demo.json --html reports/demo.html
+
+test: venv
+	$(VENV)/bin/python -m pytest
+
+bench: venv
+	$(VENV)/bin/python benchmarks/run.py
+
+clean:
+	rm -rf reports build .pytest_cache *.egg-info
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +

@@ -1,0 +1,352 @@
+"""Lowers aten and functional-collective ops (as seen at the dispatcher) into core IR ops."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ..errors import CaptureError
+from .builder import GraphBuilder, Ref
+
+Result = Ref | list[Ref] | tuple | None
+Lowering = Callable[[GraphBuilder, str, list[Any], dict[str, Any], Any], Result]
+
+LOWERINGS: dict[str, Lowering] = {}
+
+
+def lowering(*names: str) -> Callable[[Lowering], Lowering]:
+    def register(fn: Lowering) -> Lowering:
+        for name in names:
+            LOWERINGS[name] = fn
+        return fn
+    return register
+
+
+def _dim(dim: int, rank: int) -> int:
+    return dim + rank if dim < 0 else dim
+
+
+def _dtype_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _out_shape(out: Any) -> tuple[int, ...]:
+    return tuple(out.shape)
+
+
+# Identity and aliasing: no node, the result is the input.
+@lowering("clone", "alias", "contiguous", "detach", "lift_fresh", "_wrap_tensor_autograd",
+          "wait_tensor", "lift_fresh_copy")
+def _identity(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    return args[0]
+
+
+@lowering("_assert_tensor_metadata", "_assert_scalar", "sym_constrain_range_for_size")
+def _no_value(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    return None
+
+
+@lowering("_to_copy", "to")
+def _to_copy(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    return _cast_to(b, args[0], out)
+
+
+# Constants.
+@lowering("ones", "zeros", "full", "scalar_tensor", "new_ones", "new_zeros", "new_full",
+          "zeros_like", "ones_like", "full_like")
+def _full(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    value = {"ones": 1, "new_ones": 1, "ones_like": 1, "zeros": 0, "new_zeros": 0, "zeros_like": 0}
+    fill = value.get(name)
+    if fill is None:
+        fill = args[0] if name == "scalar_tensor" else args[-1]
+    return b.emit("full", [], _dtype_name(out.dtype), shape=_out_shape(out), value=_scalar(fill),
+                  dtype=_dtype_name(out.dtype))
+
+
+@lowering("arange")
+def _arange(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    numbers = [a for a in args if isinstance(a, (int, float))]
+    start, step = (numbers[0], numbers[2] if len(numbers) > 2 else 1) if len(numbers) > 1 else (0, 1)
+    return b.emit("iota", [], _dtype_name(out.dtype), shape=_out_shape(out), start=start, step=step,
+                  dtype=_dtype_name(out.dtype))
+
+
+def _scalar(value: Any) -> Any:
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, (int, float)):
+        return value
+    raise CaptureError(f"unsupported scalar argument {value!r}")
+
+
+# Elementwise ops.
+_SCALAR_FORMS = {"add": "add_scalar", "mul": "mul_scalar", "div": "div_scalar", "pow": "pow_scalar",
+                 "lt": "lt_scalar", "le": "le_scalar", "gt": "gt_scalar", "ge": "ge_scalar",
+                 "eq": "eq_scalar", "ne": "ne_scalar"}
+_UNARY_NAMES = ["neg", "exp", "log", "rsqrt", "sqrt", "sin", "cos", "tanh", "sigmoid", "silu",
+                "relu", "reciprocal", "abs", "logical_not", "bitwise_not", "gelu"]
+
+
+def _elementwise(b: GraphBuilder, op: str, operands: list[Any], out: Any, **attrs: Any) -> Ref:
+    shape = _out_shape(out)
+    refs = [b.broadcast(o, shape) for o in operands]
+    result = b.emit(op, refs, refs[0].dtype, **attrs)
+    return _cast_to(b, result, out)
+
+
+def _cast_to(b: GraphBuilder, ref: Ref, out: Any) -> Ref:
+    dtype = _dtype_name(out.dtype)
+    return ref if ref.dtype == dtype else b.emit("cast", [ref], dtype, dtype=dtype)
+
+
+@lowering(*_UNARY_NAMES)
+def _unary(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    attrs = {"approximate": kwargs.get("approximate", "none")} if name == "gelu" else {}
+    return _elementwise(b, name, [args[0]], out, **attrs)
+
+
+@lowering("add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt",
+          "ge", "bitwise_and", "bitwise_or", "logical_and", "logical_or", "rsub")
+def _binary(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    x, y = args[0], args[1]
+    if kwargs.get("rounding_mode") is not None:
+        raise CaptureError(f"aten.{name} with rounding_mode is not supported")
+    alpha = kwargs.get("alpha", args[2] if len(args) > 2 else 1)
+    if name == "rsub":
+        x, y, name = y, x, "sub"
+    if alpha != 1:
+        y = _elementwise(b, "mul_scalar", [y], out, value=alpha) if isinstance(y, Ref) else y * alpha
+    if name == "sub" and not isinstance(y, Ref):
+        name, y = "add", -y
+    if isinstance(x, Ref) and isinstance(y, Ref):
+        return _elementwise(b, name, [x, y], out)
+    if isinstance(x, Ref):
+        return _elementwise(b, _SCALAR_FORMS.get(name) or _no_scalar_form(name), [x], out,
+                            value=_scalar(y))
+    if name in ("add", "mul"):
+        return _elementwise(b, f"{name}_scalar", [y], out, value=_scalar(x))
+    if name == "sub":
+        return _elementwise(b, "rsub_scalar", [y], out, value=_scalar(x))
+    return _no_scalar_form(name)
+
+
+def _no_scalar_form(name: str) -> Any:
+    raise CaptureError(f"aten.{name} with a Python scalar in this position is not supported")
+
+
+@lowering("where")
+def _where(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    cond, x, y = args
+    shape, dtype = _out_shape(out), _dtype_name(out.dtype)
+    operands = [_as_tensor(b, v, dtype) for v in (x, y)]
+    refs = [b.broadcast(o, shape) for o in [cond, *operands]]
+    return b.emit("where", refs, dtype)
+
+
+def _as_tensor(b: GraphBuilder, value: Any, dtype: str) -> Ref:
+    if isinstance(value, Ref):
+        return value
+    return b.emit("full", [], dtype, shape=(), value=_scalar(value), dtype=dtype)
+
+
+@lowering("masked_fill")
+def _masked_fill(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    x, mask, value = args
+    if isinstance(value, Ref):
+        raise CaptureError("aten.masked_fill with a tensor value is not supported")
+    shape = _out_shape(out)
+    return b.emit("masked_fill", [b.broadcast(x, shape), b.broadcast(mask, shape)],
+                  value=_scalar(value))
+
+
+# Reductions and normalisations.
+def _reduce(b: GraphBuilder, op: str, x: Ref, dims: list[int], keepdim: bool) -> Ref:
+    dims = sorted({_dim(d, len(x.shape)) for d in dims} if dims else range(len(x.shape)))
+    for dim in dims:
+        x = b.emit(op, [x], dim=dim)
+    if not keepdim:
+        for dim in reversed(dims):
+            x = b.emit("squeeze", [x], dim=dim)
+    return x
+
+
+@lowering("sum", "mean", "amax")
+def _sum(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    x = args[0]
+    dims = args[1] if len(args) > 1 and args[1] is not None else kwargs.get("dim") or []
+    if isinstance(dims, int):
+        dims = [dims]
+    keepdim = bool(args[2] if len(args) > 2 else kwargs.get("keepdim", False))
+    op = "amax" if name == "amax" else "sum"
+    result = _reduce(b, op, x, list(dims), keepdim)
+    if name == "mean":
+        count = 1
+        for dim in (dims or range(len(x.shape))):
+            count *= x.shape[_dim(dim, len(x.shape))]
+        result = b.emit("mul_scalar", [result], value=1.0 / count)
+    return _cast_to(b, result, out)
+
+
+@lowering("_softmax", "_log_softmax")
+def _softmax(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    x, dim = args[0], _dim(args[1], len(args[0].shape))
+    result = b.emit("softmax" if name == "_softmax" else "log_softmax", [x], dim=dim)
+    return _cast_to(b, result, out)
+
+
+@lowering("native_layer_norm")
+def _layer_norm(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    x, normalized_shape, weight, bias, eps = args
+    if len(normalized_shape) != 1:
+        raise CaptureError("aten.native_layer_norm over more than one dim is not supported")
+    dim, n = len(x.shape) - 1, normalized_shape[0]
+    mean = b.emit("mul_scalar", [b.emit("sum", [x], dim=dim)], value=1.0 / n)
+    centered = b.emit("sub", [x, b.broadcast(mean, x.shape)])
+    squared = b.emit("mul", [centered, centered])
+    variance = b.emit("mul_scalar", [b.emit("sum", [squared], dim=dim)], value=1.0 / n)
+    rstd = b.emit("rsqrt", [b.emit("add_scalar", [variance], value=eps)])
+    result = b.emit("mul", [centered, b.broadcast(rstd, x.shape)])
+    if weight is not None:
+        result = b.emit("mul", [result, b.broadcast(weight, x.shape)])
+    if bias is not None:
+        result = b.emit("add", [result, b.broadcast(bias, x.shape)])
+    return (result, mean, rstd)
+
+
+# Matrix products.
+@lowering("mm", "bmm")
+def _mm(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    return b.emit("matmul", [args[0], args[1]])
+
+
+@lowering("addmm")
+def _addmm(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    bias, x, w = args[:3]
+    if kwargs.get("beta", 1) != 1 or kwargs.get("alpha", 1) != 1:
+        raise CaptureError("aten.addmm with beta or alpha other than 1 is not supported")
+    product = b.emit("matmul", [x, w])
+    return b.emit("add", [product, b.broadcast(bias, product.shape)])
+
+
+# Movement.
+@lowering("view", "_unsafe_view", "reshape")
+def _view(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    return b.reshape(args[0], _out_shape(out))
+
+
+@lowering("unsqueeze")
+def _unsqueeze(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    return b.emit("unsqueeze", [args[0]], dim=_dim(args[1], len(args[0].shape) + 1))
+
+
+@lowering("squeeze")
+def _squeeze(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    return b.reshape(args[0], _out_shape(out))
+
+
+@lowering("expand")
+def _expand(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    return b.broadcast(args[0], _out_shape(out))
+
+
+@lowering("t")
+def _t(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    return args[0] if len(args[0].shape) < 2 else b.emit("transpose", [args[0]], dim0=0, dim1=1)
+
+
+@lowering("transpose")
+def _transpose(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    x = args[0]
+    d0, d1 = sorted((_dim(args[1], len(x.shape)), _dim(args[2], len(x.shape))))
+    return x if d0 == d1 else b.emit("transpose", [x], dim0=d0, dim1=d1)
+
+
+@lowering("permute")
+def _permute(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    x = args[0]
+    return b.permute(x, [_dim(d, len(x.shape)) for d in args[1]])
+
+
+@lowering("slice")
+def _slice(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    x = args[0]
+    dim = _dim(args[1] if len(args) > 1 else 0, len(x.shape))
+    size = x.shape[dim]
+    start = args[2] if len(args) > 2 and args[2] is not None else 0
+    end = args[3] if len(args) > 3 and args[3] is not None else size
+    step = args[4] if len(args) > 4 else 1
+    if step != 1:
+        raise CaptureError("aten.slice with a step other than 1 is not supported")
+    start, end = max(0, min(_dim(start, size), size)), max(0, min(_dim(end, size), size))
+    return x if (start, end) == (0, size) else b.emit("slice", [x], dim=dim, start=start, end=end)
+
+
+@lowering("select")
+def _select(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    x, dim = args[0], _dim(args[1], len(args[0].shape))
+    index = _dim(args[2], x.shape[dim])
+    piece = b.emit("slice", [x], dim=dim, start=index, end=index + 1) if x.shape[dim] > 1 else x
+    return b.emit("squeeze", [piece], dim=dim)
+
+
+@lowering("cat")
+def _cat(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    tensors = [t for t in args[0] if t.shape != (0,)]
+    dim = _dim(args[1] if len(args) > 1 else kwargs.get("dim", 0), len(tensors[0].shape))
+    return b.concat(tensors, dim)
+
+
+@lowering("split", "split_with_sizes")
+def _split(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    x = args[0]
+    dim = _dim(args[2] if len(args) > 2 else kwargs.get("dim", 0), len(x.shape))
+    pieces, start = [], 0
+    for piece in out:
+        end = start + piece.shape[dim]
+        pieces.append(x if (start, end) == (0, x.shape[dim])
+                      else b.emit("slice", [x], dim=dim, start=start, end=end))
+        start = end
+    return pieces
+
+
+@lowering("unbind")
+def _unbind(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    x = args[0]
+    dim = _dim(args[1] if len(args) > 1 else 0, len(x.shape))
+    return [_select(b, "select", [x, dim, index], {}, None) for index in range(x.shape[dim])]
+
+
+@lowering("embedding")
+def _embedding(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    return b.emit("embedding", [args[0], args[1]])
+
+
+@lowering("index")
+def _index(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    source, indices = args
+    tensors = [i for i in indices if i is not None]
+    return b.emit("index", [source, *tensors], _dtype_name(out.dtype), shape=_out_shape(out),
+                  none_positions=tuple(i is None for i in indices))
+
+
+# Functional collectives (torch.distributed._functional_collectives), group resolved to ranks.
+@lowering("all_reduce")
+def _all_reduce(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    return b.emit("all_reduce", [args[0]], reduce=args[1], group=args[2])
+
+
+@lowering("all_gather_into_tensor")
+def _all_gather(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    return b.emit("all_gather", [args[0]], shape=_out_shape(out), group=args[2])
+
+
+@lowering("reduce_scatter_tensor")
+def _reduce_scatter(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    return b.emit("reduce_scatter", [args[0]], shape=_out_shape(out), reduce=args[1],
+                  group=args[3])
+
+
+def lower(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    """Lower one dispatcher call; unknown ops are a CaptureError naming the op."""
+    fn = LOWERINGS.get(name)
+    if fn is None:
+        raise CaptureError(f"unsupported op aten.{name} (no lowering to the core IR)")
+    return fn(b, name, args, kwargs, out)

@@ -1,0 +1,136 @@
+"""Emits core-op nodes into a graph, computing shapes, plus the shape-changing helpers frontends share."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..ir.graph import Graph, Node, SourceLoc
+from ..ir.ops import infer_shape
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A tensor-valued argument seen by a frontend: the node that produced it."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+class GraphBuilder:
+    """Appends nodes to a graph; every node gets the current source location."""
+
+    def __init__(self, prefix: str = "n") -> None:
+        self.graph = Graph()
+        self.source = SourceLoc()
+        self._prefix = prefix
+        self._count = 0
+
+    def emit(self, op: str, inputs: list[Ref], out_dtype: str | None = None, **attrs: Any) -> Ref:
+        shape = infer_shape(op, [ref.shape for ref in inputs], attrs)
+        dtype = out_dtype or (inputs[0].dtype if inputs else "float32")
+        name = f"{self._prefix}{self._count}"
+        self._count += 1
+        node = Node(name, op, tuple(ref.name for ref in inputs), tuple(sorted(attrs.items())),
+                    shape, dtype, self.source)
+        self.graph.add(node)
+        return Ref(name, shape, dtype)
+
+    def emit_placeholder(self, target: str, kind: str, shape: tuple[int, ...], dtype: str) -> Ref:
+        """A program input (parameter, buffer or input) named by its target."""
+        node = Node(target, "placeholder", (), (("kind", kind), ("shape", shape), ("target", target)),
+                    shape, dtype, SourceLoc(module=target))
+        self.graph.add(node)
+        return Ref(target, shape, dtype)
+
+    # Shape helpers: express framework reshapes/broadcasts with size-free core movement ops.
+
+    def broadcast(self, ref: Ref, shape: tuple[int, ...]) -> Ref:
+        """Make broadcasting explicit: leading unsqueezes, then one expand per stretched dim."""
+        while len(ref.shape) < len(shape):
+            ref = self.emit("unsqueeze", [ref], dim=0)
+        for dim, (have, want) in enumerate(zip(ref.shape, shape)):
+            if have != want:
+                if have != 1:
+                    raise ValueError(f"cannot broadcast {ref.shape} to {shape}")
+                ref = self.emit("expand", [ref], dim=dim, size=want)
+        return ref
+
+    def reshape(self, ref: Ref, shape: tuple[int, ...]) -> Ref:
+        """A reshape as squeezes, merges of adjacent dims, splits and unsqueezes."""
+        shape = _resolve_minus_one(ref.shape, shape)
+        if shape == ref.shape:
+            return ref
+        for dim in reversed(range(len(ref.shape))):
+            if ref.shape[dim] == 1:
+                ref = self.emit("squeeze", [ref], dim=dim)
+        target = [size for size in shape if size != 1]
+        dim = 0
+        for group in _reshape_groups(list(ref.shape), target):
+            for _ in range(len(group[0]) - 1):
+                ref = self.emit("merge", [ref], dim=dim, inner=ref.shape[dim + 1])
+            sizes = group[1]
+            for offset in range(len(sizes) - 1):
+                inner = 1
+                for size in sizes[offset + 1:]:
+                    inner *= size
+                ref = self.emit("split", [ref], dim=dim + offset, inner=inner)
+            dim += len(sizes)
+        for dim, size in enumerate(shape):
+            if size == 1:
+                ref = self.emit("unsqueeze", [ref], dim=dim)
+        return ref
+
+    def permute(self, ref: Ref, perm: list[int]) -> Ref:
+        """A permutation as a sequence of transpositions."""
+        current = list(range(len(perm)))
+        for position, wanted in enumerate(perm):
+            source = current.index(wanted)
+            if source != position:
+                ref = self.emit("transpose", [ref], dim0=position, dim1=source)
+                current[position], current[source] = current[source], current[position]
+        return ref
+
+    def concat(self, refs: list[Ref], dim: int) -> Ref:
+        """An n-ary concatenation as right-nested binary concats."""
+        result = refs[-1]
+        for ref in reversed(refs[:-1]):
+            result = self.emit("concat", [ref, result], dim=dim)
+        return result
+
+
+def _resolve_minus_one(source: tuple[int, ...], shape: tuple[int, ...]) -> tuple[int, ...]:
+    total = 1
+    for size in source:
+        total *= size
+    known = 1
+    for size in shape:
+        if size != -1:
+            known *= size
+    resolved = tuple(total // known if size == -1 else size for size in shape)
+    product = 1
+    for size in resolved:
+        product *= size
+    if product != total:
+        raise ValueError(f"cannot reshape {source} to {shape}")
+    return resolved
+
+
+def _reshape_groups(source: list[int], target: list[int]) -> list[tuple[list[int], list[int]]]:
+    """Pair runs of source dims with runs of target dims that hold the same number of elements."""
+    groups, i, j = [], 0, 0
+    while i < len(source):
+        group_in, group_out = [source[i]], [target[j]]
+        size_in, size_out = source[i], target[j]
+        i, j = i + 1, j + 1
+        while size_in != size_out:
+            if size_in < size_out:
+                group_in.append(source[i])
+                size_in *= source[i]
+                i += 1
+            else:
+                group_out.append(target[j])
+                size_out *= target[j]
+                j += 1
+        groups.append((group_in, group_out))
+    return groups

@@ -1,0 +1,160 @@
+"""A dispatch-level tracer: records every aten op a module runs on meta tensors into the core IR.
+
+Each op gets a cheap source location (the innermost frame outside torch and this package, and
+the module path from forward hooks). Functional collectives are recorded with their group
+resolved to global ranks, so rank graphs can be merged later.
+"""
+from __future__ import annotations
+
+import linecache
+import os
+import sys
+from typing import Any, Callable
+
+import torch
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map
+
+from ..errors import CaptureError
+from ..ir.graph import Graph, SourceLoc
+from .aten import lower
+from .builder import GraphBuilder, Ref
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_CAPTURE_DIR = os.path.dirname(__file__)
+_COLLECTIVE_GROUP_ARG = {"all_reduce": 2, "all_gather_into_tensor": 2, "reduce_scatter_tensor": 3}
+
+
+class SourceTracker:
+    """Knows the module path being executed and finds the user frame of the current op."""
+
+    def __init__(self, module_names: dict[int, str]) -> None:
+        self._module_names = module_names
+        self.stack: list[str] = []
+        self._lines: dict[tuple[Any, int], tuple[str, int, str]] = {}
+
+    def enter(self, module: torch.nn.Module, *_: Any) -> None:
+        self.stack.append(self._module_names.get(id(module), self.stack[-1] if self.stack else ""))
+
+    def leave(self, module: torch.nn.Module, *_: Any) -> None:
+        if self.stack:
+            self.stack.pop()
+
+    def current(self) -> SourceLoc:
+        frame = sys._getframe(2)
+        while frame is not None:
+            filename = frame.f_code.co_filename
+            if not (filename.startswith(_TORCH_DIR) or filename.startswith(_CAPTURE_DIR)
+                    or filename.startswith("<")):
+                break
+            frame = frame.f_back
+        module = self.stack[-1] if self.stack else ""
+        if frame is None:
+            return SourceLoc(module=module)
+        key = (frame.f_code, frame.f_lineno)
+        if key not in self._lines:
+            self._lines[key] = (frame.f_code.co_filename, frame.f_lineno,
+                                linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip())
+        filename, line, code = self._lines[key]
+        return SourceLoc(filename, line, code, module)
+
+
+class _Recorder(TorchDispatchMode):
+    """Lowers each dispatched op into the builder and remembers which node holds each tensor."""
+
+    def __init__(self, builder: GraphBuilder, sources: SourceTracker,
+                 group_ranks: Callable[[str], tuple[int, ...]]) -> None:
+        super().__init__()
+        self.builder = builder
+        self.sources = sources
+        self.group_ranks = group_ranks
+        self.refs: dict[int, tuple[torch.Tensor, Ref]] = {}
+
+    def bind(self, tensor: torch.Tensor, ref: Ref) -> None:
+        self.refs[id(tensor)] = (tensor, ref)
+
+    def ref(self, value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return value
+        entry = self.refs.get(id(value))
+        if entry is not None:
+            return entry[1]
+        return self._literal(value)
+
+    def _literal(self, tensor: torch.Tensor) -> Ref:
+        if tensor.is_meta or tensor.numel() > 4096:
+            raise CaptureError(f"a tensor of shape {tuple(tensor.shape)} was used that is neither an "
+                               "input, a parameter, a buffer nor computed from them")
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        values = tuple(tensor.detach().cpu().reshape(-1).tolist())
+        ref = self.builder.emit("literal", [], dtype, shape=tuple(tensor.shape), values=values,
+                                dtype=dtype)
+        self.bind(tensor, ref)
+        return ref
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        try:
+            out = func(*args, **kwargs)
+        except RuntimeError as error:
+            raise CaptureError(f"{func} failed during capture: {str(error).splitlines()[0]}") from None
+        name = func.overloadpacket.__name__
+        inplace = name.endswith("_") and not name.startswith("_")
+        name = name.rstrip("_") if inplace else name
+        self.builder.source = self.sources.current()
+        ref_args = [tree_map(self.ref, a) for a in args]
+        ref_kwargs = {k: tree_map(self.ref, v) for k, v in kwargs.items()}
+        if func.namespace == "_c10d_functional" and name in _COLLECTIVE_GROUP_ARG:
+            index = _COLLECTIVE_GROUP_ARG[name]
+            ref_args[index] = self.group_ranks(ref_args[index])
+        try:
+            result = lower(self.builder, name, ref_args, ref_kwargs, out)
+        except ValueError as error:
+            raise CaptureError(f"aten.{name} at {self.builder.source}: {error}") from None
+        self._bind_result(out, result)
+        return out
+
+    def _bind_result(self, out: Any, result: Any) -> None:
+        if result is None:
+            return
+        if isinstance(out, torch.Tensor):
+            self.bind(out, result if isinstance(result, Ref) else result[0])
+            return
+        for tensor, ref in zip(out, result):
+            if isinstance(tensor, torch.Tensor) and ref is not None:
+                self.bind(tensor, ref)
+
+
+def _module_names(module: torch.nn.Module) -> dict[int, str]:
+    return {id(m): name for name, m in module.named_modules()}
+
+
+def capture(module: torch.nn.Module, call: Callable[[], Any], inputs: dict[str, torch.Tensor],
+            group_ranks: Callable[[str], tuple[int, ...]] = lambda name: ()) -> Graph:
+    """Run `call()` (which runs `module` on `inputs`) and return the core-IR graph it executed.
+
+    Parameters, buffers and inputs become placeholders named as in `named_parameters()`,
+    `named_buffers()` and the `inputs` dict.
+    """
+    builder = GraphBuilder()
+    sources = SourceTracker(_module_names(module))
+    recorder = _Recorder(builder, sources, group_ranks)
+    leaves = [("param", n, t) for n, t in module.named_parameters()]
+    leaves += [("buffer", n, t) for n, t in module.named_buffers()]
+    leaves += [("input", n, t) for n, t in inputs.items()]
+    for kind, name, tensor in leaves:
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        node_name = builder.emit_placeholder(name, kind, tuple(tensor.shape), dtype)
+        recorder.bind(tensor, node_name)
+    hooks = [register_module_forward_pre_hook(sources.enter), register_module_forward_hook(sources.leave)]
+    try:
+        with torch.no_grad(), recorder:
+            result = call()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    outputs = result if isinstance(result, (tuple, list)) else [result]
+    graph = builder.graph
+    graph.outputs = [recorder.ref(t).name for t in outputs]
+    return graph.pruned()

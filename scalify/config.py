@@ -1,0 +1,370 @@
+"""Load experiment YAML files into validated, frozen specs; every error names its file and field."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+import reprlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from scalify.errors import ConfigError
+from scalify.models.presets import PRESETS
+
+MAX_FILE_BYTES = 1 << 20
+REPO_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+PLAN_STYLES = ("megatron",)
+LOGITS_MODES = ("gathered", "vocab_parallel")
+HARDWARE_TARGETS = ("gpu", "neuron")
+FAMILIES = tuple(sorted({preset.family for preset in PRESETS.values()}))
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model family plus its full HuggingFace config (preset fields, then the file's, then overrides)."""
+
+    family: str
+    preset: str | None
+    config: dict
+
+
+@dataclass(frozen=True)
+class PlanSpec:
+    """How the model is parallelised; `planted_bug` names a deliberate fault for demos and tests."""
+
+    style: str = "megatron"
+    tensor_parallel: int = 1
+    logits: str = "gathered"
+    planted_bug: str | None = None
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    """The devices the plan targets."""
+
+    name: str
+    target: str
+    devices: int
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """Shape of the token batch fed to the model."""
+
+    batch: int = 1
+    seq: int = 16
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    """Verifier switches: numeric cross-check, proof memoisation, e-graph window depth."""
+
+    numeric: bool = False
+    memo: bool = True
+    window_depth: int = 4
+
+
+@dataclass(frozen=True)
+class TrackingSpec:
+    """Where MLflow runs are recorded, if at all."""
+
+    enabled: bool = False
+    uri: str = "sqlite:///mlruns.db"
+    experiment: str = "scalify"
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One validated experiment; `source` is the file it came from or "<dict>"."""
+
+    name: str
+    model: ModelSpec
+    plan: PlanSpec
+    hardware: HardwareSpec
+    inputs: InputSpec
+    verify: VerifyOptions
+    tracking: TrackingSpec
+    source: str
+
+    def world_size(self) -> int:
+        """Number of ranks the plan runs on."""
+        return self.plan.tensor_parallel
+
+    def to_dict(self) -> dict:
+        """Plain nested data, for reports."""
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class _Where:
+    """Where a value lives: a file and a dotted field path."""
+
+    file: str
+    path: str = ""
+
+    def child(self, key: object) -> _Where:
+        return _Where(self.file, f"{self.path}.{key}" if self.path else str(key))
+
+    def error(self, problem: str) -> ConfigError:
+        prefix = f"{self.file}: {self.path}" if self.path else self.file
+        return ConfigError(f"{prefix}: {problem}")
+
+
+@dataclass(frozen=True)
+class _Origin:
+    """The experiment being loaded: how to show it and where its references resolve."""
+
+    file: str
+    directory: Path
+    configs_dirs: tuple[Path, ...]
+    default_name: str
+
+
+Located = dict[Any, tuple[Any, _Where]]
+Checker = Callable[[Any, _Where], Any]
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that also reads `1e-5` as a float (YAML 1.1 needs `1.0e-5`)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+_SHORT_REPR = reprlib.Repr()
+_SHORT_REPR.maxlevel = _SHORT_REPR.maxlist = _SHORT_REPR.maxdict = 3
+_SHORT_REPR.maxstring = _SHORT_REPR.maxother = 60
+
+
+def _show(value: Any) -> str:
+    """A short repr, safe for huge or deeply shared values."""
+    return _SHORT_REPR.repr(value)
+
+
+def _display(path: Path) -> str:
+    """`path` relative to the working directory when it lies below it, else absolute."""
+    absolute = path.resolve()
+    try:
+        return str(absolute.relative_to(Path.cwd()))
+    except ValueError:
+        return str(absolute)
+
+
+def _read_yaml(path: Path) -> Any:
+    """Parse one YAML file of at most MAX_FILE_BYTES."""
+    shown = _display(path)
+    try:
+        with open(path, "rb") as stream:
+            data = stream.read(MAX_FILE_BYTES + 1)
+    except OSError as err:
+        raise ConfigError(f"{shown}: cannot read file: {err.strerror}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise ConfigError(f"{shown}: file is larger than {MAX_FILE_BYTES} bytes")
+    try:
+        return yaml.load(data.decode("utf-8"), Loader=_Loader)
+    except UnicodeDecodeError:
+        raise ConfigError(f"{shown}: not UTF-8 text") from None
+    except yaml.MarkedYAMLError as err:
+        line = err.problem_mark.line + 1 if err.problem_mark else "?"
+        raise ConfigError(f"{shown}:{line}: malformed YAML: {err.problem or err.context}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{shown}: malformed YAML: {str(err).splitlines()[0]}") from None
+    except RecursionError:
+        raise ConfigError(f"{shown}: malformed YAML: nested too deeply") from None
+
+
+def _located(mapping: Any, where: _Where) -> Located:
+    """Pair each value of a mapping with its location."""
+    if not isinstance(mapping, dict):
+        raise where.error(f"expected a mapping, got {_show(mapping)}")
+    return {key: (value, where.child(key)) for key, value in mapping.items()}
+
+
+def _check_keys(fields: Located, allowed: Any, what: str = "key") -> None:
+    """Reject the first key not in `allowed`, listing the allowed ones."""
+    for key, (_, where) in fields.items():
+        if key not in allowed:
+            raise where.error(f"unknown {what} (expected one of: {', '.join(sorted(allowed))})")
+
+
+def _positive_int(value: Any, where: _Where) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise where.error(f"expected a positive integer, got {_show(value)}")
+    return value
+
+
+def _positive_number(value: Any, where: _Where) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise where.error(f"expected a positive number, got {_show(value)}")
+    return float(value)
+
+
+def _boolean(value: Any, where: _Where) -> bool:
+    if not isinstance(value, bool):
+        raise where.error(f"expected true or false, got {_show(value)}")
+    return value
+
+
+def _text(value: Any, where: _Where) -> str:
+    if not isinstance(value, str) or not value:
+        raise where.error(f"expected a non-empty string, got {_show(value)}")
+    return value
+
+
+def _optional_text(value: Any, where: _Where) -> str | None:
+    return None if value is None else _text(value, where)
+
+
+def _choice(*options: str) -> Checker:
+    """A checker that accepts exactly one of `options`."""
+
+    def check(value: Any, where: _Where) -> str:
+        if value not in options:
+            raise where.error(f"expected one of: {', '.join(options)}, got {_show(value)}")
+        return value
+
+    return check
+
+
+_SCHEMAS: dict[type, dict[str, Checker]] = {
+    PlanSpec: {
+        "style": _choice(*PLAN_STYLES),
+        "tensor_parallel": _positive_int,
+        "logits": _choice(*LOGITS_MODES),
+        "planted_bug": _optional_text,
+    },
+    HardwareSpec: {"name": _text, "target": _choice(*HARDWARE_TARGETS), "devices": _positive_int},
+    InputSpec: {"batch": _positive_int, "seq": _positive_int},
+    VerifyOptions: {"numeric": _boolean, "memo": _boolean, "window_depth": _positive_int},
+    TrackingSpec: {"enabled": _boolean, "uri": _text, "experiment": _text},
+}
+_HF_CHECKERS: dict[type, Checker] = {bool: _boolean, int: _positive_int, float: _positive_number, str: _text}
+_REFERENCE_DIRS = {"model": "models", "plan": "plans", "hardware": "hardware"}
+_SECTIONS = ("model", "plan", "hardware", "inputs", "verify", "tracking")
+_TOP_KEYS = ("name", "overrides", *_SECTIONS)
+
+
+def _build(cls: type, fields: Located, where: _Where) -> Any:
+    """Check `fields` against the schema of `cls` and construct it."""
+    schema = _SCHEMAS[cls]
+    _check_keys(fields, schema)
+    for spec_field in dataclasses.fields(cls):
+        if spec_field.name not in fields and spec_field.default is dataclasses.MISSING:
+            raise where.child(spec_field.name).error("missing required key")
+    return cls(**{key: schema[key](value, at) for key, (value, at) in fields.items()})
+
+
+def _resolve(entry: Any, where: _Where, origin: _Origin) -> tuple[Any, _Where, Path | None]:
+    """The mapping a model/plan/hardware entry names (or is), where it lives, and its file if any."""
+    if isinstance(entry, dict):
+        return entry, where, None
+    section = where.path
+    if not isinstance(entry, str) or not entry:
+        raise where.error(f"expected a {section} config name, a path or a mapping, got {_show(entry)}")
+    if "/" in entry or entry.endswith((".yaml", ".yml")):
+        path = origin.directory / entry
+        if not path.is_file():
+            raise where.error(f"no such file {_display(path)!r}")
+    else:
+        candidates = [folder / _REFERENCE_DIRS[section] / f"{entry}.yaml" for folder in origin.configs_dirs]
+        path = next((candidate for candidate in candidates if candidate.is_file()), None)
+        if path is None:
+            looked = ", ".join(f"{_display(candidate.parent)}/" for candidate in candidates)
+            raise where.error(f"no {section} config named {entry!r} (looked in {looked})")
+    return _read_yaml(path), _Where(_display(path), section), path
+
+
+def _overrides(fields: Located) -> dict[str, Located]:
+    """Split `section.field` override keys by section."""
+    by_section: dict[str, Located] = {section: {} for section in _SECTIONS}
+    for key, (value, where) in fields.items():
+        section, _, name = str(key).partition(".")
+        if section not in by_section or not name:
+            raise where.error(f"expected a key 'section.field' with section one of: {', '.join(_SECTIONS)}")
+        by_section[section][name] = (value, where)
+    return by_section
+
+
+def _model_spec(fields: Located, where: _Where, hf_overrides: Located) -> ModelSpec:
+    """Family, preset and merged HuggingFace config of the model section."""
+    _check_keys(fields, ("config", "family", "preset"))
+    preset = _choice(*PRESETS)(*fields["preset"]) if "preset" in fields else None
+    if "family" in fields:
+        family = _choice(*FAMILIES)(*fields["family"])
+    elif preset is not None:
+        family = PRESETS[preset].family
+    else:
+        raise where.child("family").error("missing required key (needed when no preset is given)")
+    if preset is not None and family != PRESETS[preset].family:
+        raise fields["family"][1].error(f"preset {preset!r} is a {PRESETS[preset].family!r} model, not {family!r}")
+    base = PRESETS[preset].config if preset is not None else {}
+    template = base or next(p.config for p in PRESETS.values() if p.family == family)
+    hf_fields = _located(*fields["config"]) if "config" in fields else {}
+    hf_fields |= hf_overrides
+    _check_keys(hf_fields, template, what=f"{family} config field")
+    config = dict(base)
+    for key, (value, at) in hf_fields.items():
+        config[key] = _HF_CHECKERS[type(template[key])](value, at)
+    return ModelSpec(family, preset, config)
+
+
+def _origin(source: str | os.PathLike) -> _Origin:
+    """Names resolve in the configs/ dir holding the file's folder, then in the repository's."""
+    path = Path(source)
+    configs_dirs = tuple(dict.fromkeys((path.parent.parent.resolve(), REPO_CONFIGS)))
+    return _Origin(_display(path), path.parent, configs_dirs, path.stem)
+
+
+def load_experiment(source: str | os.PathLike | dict) -> Experiment:
+    """Load and validate an experiment from a YAML file, or from a dict of the same shape."""
+    if isinstance(source, dict):
+        data, origin = source, _Origin("<dict>", Path.cwd(), (REPO_CONFIGS,), "experiment")
+    else:
+        data, origin = _read_yaml(Path(source)), _origin(source)
+    top_where = _Where(origin.file)
+    top = _located(data, top_where)
+    _check_keys(top, _TOP_KEYS)
+    for required in _REFERENCE_DIRS:
+        if required not in top:
+            raise top_where.child(required).error("missing required key")
+    overrides = _overrides(_located(*top.get("overrides", ({}, top_where.child("overrides")))))
+
+    sections: dict[str, tuple[Located, _Where]] = {}
+    for section in _SECTIONS:
+        entry, where = top.get(section, ({}, top_where.child(section)))
+        path = None
+        if section in _REFERENCE_DIRS:
+            entry, where, path = _resolve(entry, where, origin)
+        fields = _located(entry, where)
+        if section == "hardware" and path is not None:
+            fields.setdefault("name", (path.stem, where.child("name")))
+        if section != "model":
+            fields |= overrides[section]
+        sections[section] = fields, where
+
+    model = _model_spec(*sections["model"], overrides["model"])
+    plan = _build(PlanSpec, *sections["plan"])
+    hardware = _build(HardwareSpec, *sections["hardware"])
+    if hardware.devices != plan.tensor_parallel:
+        raise sections["hardware"][0]["devices"][1].error(
+            f"{hardware.devices} devices do not match the plan's world size {plan.tensor_parallel} "
+            f"(tensor_parallel={plan.tensor_parallel})"
+        )
+    return Experiment(
+        name=_text(*top["name"]) if "name" in top else origin.default_name,
+        model=model,
+        plan=plan,
+        hardware=hardware,
+        inputs=_build(InputSpec, *sections["inputs"]),
+        verify=_build(VerifyOptions, *sections["verify"]),
+        tracking=_build(TrackingSpec, *sections["tracking"]),
+        source=origin.file,
+    )

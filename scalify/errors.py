@@ -1,0 +1,17 @@
+"""Errors a user can act on; the CLI prints them as one line and exits with code 2."""
+
+
+class ScalifyError(Exception):
+    """Base class: bad input, not a failed verification."""
+
+
+class ConfigError(ScalifyError):
+    """A config file or field is malformed; the message names the file and the field path."""
+
+
+class CaptureError(ScalifyError):
+    """A program could not be captured (unknown op, untracked tensor); the message names the op."""
+
+
+class ShapeError(ScalifyError):
+    """Declared placements or captured shapes do not fit together."""

@@ -1,0 +1,261 @@
+"""The core op vocabulary: one table entry per op with its trait, shape rule and numeric meaning.
+
+Frontends lower framework ops (aten, HLO) into these ops; rules, the verifier and the
+interpreter read only this table. Adding an op is one row.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+Shape = tuple[int, ...]
+Attrs = dict[str, Any]
+
+# Traits: how an op behaves under sharding; the rule templates expand over them.
+UNARY, BINARY, WHERE, REDUCE, SOFTMAX, MATMUL = "unary", "binary", "where", "reduce", "softmax", "matmul"
+MOVEMENT, EMBEDDING, OPAQUE, CONSTANT, PLACEHOLDER, COLLECTIVE = (
+    "movement", "embedding", "opaque", "constant", "placeholder", "collective")
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """An op's trait, its output shape from input shapes, and its value on real tensors."""
+
+    name: str
+    trait: str
+    shape: Callable[[list[Shape], Attrs], Shape]
+    run: Callable[[list[torch.Tensor], Attrs], torch.Tensor]
+    linear_args: tuple[int, ...] = ()  # arguments the op is linear in (sum-distributive)
+
+
+def _same(shapes: list[Shape], attrs: Attrs) -> Shape:
+    return shapes[0]
+
+
+def _equal_shapes(shapes: list[Shape], attrs: Attrs) -> Shape:
+    if any(shape != shapes[0] for shape in shapes):
+        raise ValueError(f"elementwise operands must have equal shapes, got {shapes}")
+    return shapes[0]
+
+
+def _dtype(name: str) -> torch.dtype:
+    return getattr(torch, name)
+
+
+_UNARY: dict[str, Callable[[torch.Tensor, Attrs], torch.Tensor]] = {
+    "neg": lambda x, a: -x,
+    "exp": lambda x, a: torch.exp(x),
+    "log": lambda x, a: torch.log(x),
+    "rsqrt": lambda x, a: torch.rsqrt(x),
+    "sqrt": lambda x, a: torch.sqrt(x),
+    "sin": lambda x, a: torch.sin(x),
+    "cos": lambda x, a: torch.cos(x),
+    "tanh": lambda x, a: torch.tanh(x),
+    "sigmoid": lambda x, a: torch.sigmoid(x),
+    "silu": lambda x, a: F.silu(x),
+    "relu": lambda x, a: torch.relu(x),
+    "gelu": lambda x, a: F.gelu(x, approximate=a.get("approximate", "none")),
+    "reciprocal": lambda x, a: torch.reciprocal(x),
+    "abs": lambda x, a: torch.abs(x),
+    "logical_not": lambda x, a: torch.logical_not(x),
+    "bitwise_not": lambda x, a: torch.bitwise_not(x),
+    "cast": lambda x, a: x.to(_dtype(a["dtype"])),
+    "add_scalar": lambda x, a: x + a["value"],
+    "mul_scalar": lambda x, a: x * a["value"],
+    "div_scalar": lambda x, a: x / a["value"],
+    "rsub_scalar": lambda x, a: a["value"] - x,
+    "pow_scalar": lambda x, a: torch.pow(x, a["value"]),
+    "lt_scalar": lambda x, a: x < a["value"],
+    "le_scalar": lambda x, a: x <= a["value"],
+    "gt_scalar": lambda x, a: x > a["value"],
+    "ge_scalar": lambda x, a: x >= a["value"],
+    "eq_scalar": lambda x, a: x == a["value"],
+    "ne_scalar": lambda x, a: x != a["value"],
+}
+_UNARY_LINEAR = {"neg", "mul_scalar", "div_scalar", "cast"}
+
+_BINARY: dict[str, Callable[[torch.Tensor, torch.Tensor, Attrs], torch.Tensor]] = {
+    "add": lambda x, y, a: x + y,
+    "sub": lambda x, y, a: x - y,
+    "mul": lambda x, y, a: x * y,
+    "div": lambda x, y, a: x / y,
+    "pow": lambda x, y, a: torch.pow(x, y),
+    "maximum": lambda x, y, a: torch.maximum(x, y),
+    "minimum": lambda x, y, a: torch.minimum(x, y),
+    "eq": lambda x, y, a: x == y,
+    "ne": lambda x, y, a: x != y,
+    "lt": lambda x, y, a: x < y,
+    "le": lambda x, y, a: x <= y,
+    "gt": lambda x, y, a: x > y,
+    "ge": lambda x, y, a: x >= y,
+    "bitwise_and": lambda x, y, a: x & y,
+    "bitwise_or": lambda x, y, a: x | y,
+    "logical_and": lambda x, y, a: torch.logical_and(x, y),
+    "logical_or": lambda x, y, a: torch.logical_or(x, y),
+    "masked_fill": lambda x, mask, a: x.masked_fill(mask, a["value"]),
+}
+_BINARY_LINEAR = {"add": (0, 1), "sub": (0, 1), "mul": (0, 1), "div": (0,)}
+
+
+def _reduce_shape(shapes: list[Shape], attrs: Attrs) -> Shape:
+    shape = list(shapes[0])
+    shape[attrs["dim"]] = 1
+    return tuple(shape)
+
+
+def _matmul_shape(shapes: list[Shape], attrs: Attrs) -> Shape:
+    (a, b) = shapes
+    if len(a) != len(b) or len(a) < 2 or a[:-2] != b[:-2] or a[-1] != b[-2]:
+        raise ValueError(f"matmul operands do not fit: {a} @ {b}")
+    return a[:-1] + (b[-1],)
+
+
+def _merge_shape(shapes: list[Shape], attrs: Attrs) -> Shape:
+    s, d = shapes[0], attrs["dim"]
+    if s[d + 1] != attrs["inner"]:
+        raise ValueError(f"merge inner size {attrs['inner']} does not match {s} at dim {d + 1}")
+    return s[:d] + (s[d] * s[d + 1],) + s[d + 2:]
+
+
+def _split_shape(shapes: list[Shape], attrs: Attrs) -> Shape:
+    s, d, inner = shapes[0], attrs["dim"], attrs["inner"]
+    if inner <= 0 or s[d] % inner:
+        raise ValueError(f"cannot split dim {d} of {s} by inner size {inner}")
+    return s[:d] + (s[d] // inner, inner) + s[d + 1:]
+
+
+def _unsqueeze_shape(shapes: list[Shape], attrs: Attrs) -> Shape:
+    s, d = shapes[0], attrs["dim"]
+    return s[:d] + (1,) + s[d:]
+
+
+def _squeeze_shape(shapes: list[Shape], attrs: Attrs) -> Shape:
+    s, d = shapes[0], attrs["dim"]
+    if s[d] != 1:
+        raise ValueError(f"cannot squeeze dim {d} of {s}")
+    return s[:d] + s[d + 1:]
+
+
+def _transpose_shape(shapes: list[Shape], attrs: Attrs) -> Shape:
+    s = list(shapes[0])
+    d0, d1 = attrs["dim0"], attrs["dim1"]
+    s[d0], s[d1] = s[d1], s[d0]
+    return tuple(s)
+
+
+def _expand_shape(shapes: list[Shape], attrs: Attrs) -> Shape:
+    s, d = list(shapes[0]), attrs["dim"]
+    if s[d] != 1:
+        raise ValueError(f"cannot expand dim {d} of {tuple(s)} (size is not 1)")
+    s[d] = attrs["size"]
+    return tuple(s)
+
+
+def _slice_shape(shapes: list[Shape], attrs: Attrs) -> Shape:
+    s, d, start, end = list(shapes[0]), attrs["dim"], attrs["start"], attrs["end"]
+    if not 0 <= start < end <= s[d]:
+        raise ValueError(f"slice [{start}:{end}] out of range for dim {d} of {tuple(s)}")
+    s[d] = end - start
+    return tuple(s)
+
+
+def _concat_shape(shapes: list[Shape], attrs: Attrs) -> Shape:
+    d = attrs["dim"]
+    first = shapes[0]
+    if any(len(s) != len(first) or s[:d] + s[d + 1:] != first[:d] + first[d + 1:] for s in shapes):
+        raise ValueError(f"concat operands do not fit along dim {d}: {shapes}")
+    return first[:d] + (sum(s[d] for s in shapes),) + first[d + 1:]
+
+
+def _embedding_shape(shapes: list[Shape], attrs: Attrs) -> Shape:
+    weight, ids = shapes
+    return ids + weight[1:]
+
+
+def _attr_shape(shapes: list[Shape], attrs: Attrs) -> Shape:
+    return tuple(attrs["shape"])
+
+
+def _merge(x: torch.Tensor, a: Attrs) -> torch.Tensor:
+    d = a["dim"]
+    return x.reshape(x.shape[:d] + (x.shape[d] * x.shape[d + 1],) + x.shape[d + 2:])
+
+
+def _split(x: torch.Tensor, a: Attrs) -> torch.Tensor:
+    d, inner = a["dim"], a["inner"]
+    return x.reshape(x.shape[:d] + (x.shape[d] // inner, inner) + x.shape[d + 1:])
+
+
+def _expand(x: torch.Tensor, a: Attrs) -> torch.Tensor:
+    shape = list(x.shape)
+    shape[a["dim"]] = a["size"]
+    return x.expand(shape)
+
+
+def _iota(a: Attrs) -> torch.Tensor:
+    values = torch.arange(a["start"], a["start"] + a["step"] * a["shape"][0], a["step"])
+    return values.to(_dtype(a["dtype"]))
+
+
+def _index(inputs: list[torch.Tensor], a: Attrs) -> torch.Tensor:
+    source, indices = inputs[0], iter(inputs[1:])
+    return source[tuple(None if is_none else next(indices) for is_none in a["none_positions"])]
+
+
+def _collective(inputs: list[torch.Tensor], a: Attrs) -> torch.Tensor:
+    raise RuntimeError("collectives are evaluated across ranks by the interpreter")
+
+
+OPS: dict[str, OpDef] = {}
+
+
+def _register(op: OpDef) -> None:
+    OPS[op.name] = op
+
+
+for _name, _fn in _UNARY.items():
+    _register(OpDef(_name, UNARY, _same, lambda xs, a, f=_fn: f(xs[0], a),
+                    (0,) if _name in _UNARY_LINEAR else ()))
+for _name, _fn in _BINARY.items():
+    _register(OpDef(_name, BINARY, _equal_shapes, lambda xs, a, f=_fn: f(xs[0], xs[1], a),
+                    _BINARY_LINEAR.get(_name, ())))
+
+for _op in [
+    OpDef("placeholder", PLACEHOLDER, _attr_shape, _collective),
+    OpDef("full", CONSTANT, _attr_shape,
+          lambda xs, a: torch.full(a["shape"], a["value"], dtype=_dtype(a["dtype"]))),
+    OpDef("iota", CONSTANT, _attr_shape, lambda xs, a: _iota(a)),
+    OpDef("literal", CONSTANT, _attr_shape,
+          lambda xs, a: torch.tensor(a["values"], dtype=_dtype(a["dtype"])).reshape(a["shape"])),
+    OpDef("where", WHERE, _equal_shapes, lambda xs, a: torch.where(xs[0], xs[1], xs[2])),
+    OpDef("sum", REDUCE, _reduce_shape, lambda xs, a: xs[0].sum(a["dim"], keepdim=True), (0,)),
+    OpDef("amax", REDUCE, _reduce_shape, lambda xs, a: xs[0].amax(a["dim"], keepdim=True)),
+    OpDef("softmax", SOFTMAX, _same, lambda xs, a: torch.softmax(xs[0], a["dim"])),
+    OpDef("log_softmax", SOFTMAX, _same, lambda xs, a: torch.log_softmax(xs[0], a["dim"])),
+    OpDef("matmul", MATMUL, _matmul_shape, lambda xs, a: torch.matmul(xs[0], xs[1]), (0, 1)),
+    OpDef("merge", MOVEMENT, _merge_shape, lambda xs, a: _merge(xs[0], a), (0,)),
+    OpDef("split", MOVEMENT, _split_shape, lambda xs, a: _split(xs[0], a), (0,)),
+    OpDef("unsqueeze", MOVEMENT, _unsqueeze_shape, lambda xs, a: xs[0].unsqueeze(a["dim"]), (0,)),
+    OpDef("squeeze", MOVEMENT, _squeeze_shape, lambda xs, a: xs[0].squeeze(a["dim"]), (0,)),
+    OpDef("transpose", MOVEMENT, _transpose_shape,
+          lambda xs, a: xs[0].transpose(a["dim0"], a["dim1"]), (0,)),
+    OpDef("expand", MOVEMENT, _expand_shape, lambda xs, a: _expand(xs[0], a), (0,)),
+    OpDef("slice", MOVEMENT, _slice_shape,
+          lambda xs, a: xs[0].narrow(a["dim"], a["start"], a["end"] - a["start"]), (0,)),
+    OpDef("concat", MOVEMENT, _concat_shape, lambda xs, a: torch.cat(xs, a["dim"]), (0, 1)),
+    OpDef("embedding", EMBEDDING, _embedding_shape, lambda xs, a: F.embedding(xs[1], xs[0])),
+    OpDef("index", OPAQUE, _attr_shape, _index),
+    OpDef("all_reduce", COLLECTIVE, _same, _collective),
+    OpDef("all_gather", COLLECTIVE, _attr_shape, _collective),
+    OpDef("reduce_scatter", COLLECTIVE, _attr_shape, _collective),
+]:
+    _register(_op)
+
+
+def infer_shape(op: str, shapes: list[Shape], attrs: Attrs) -> Shape:
+    """The output shape of `op`, or ValueError naming the mismatch."""
+    return tuple(OPS[op].shape(shapes, attrs))
+

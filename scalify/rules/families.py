@@ -1,0 +1,23 @@
+"""Op keys each rule template ranges over (a sample of attribute values for parametric ops)."""
+
+UNARY_KEYS = (
+    "neg", "exp", "log", "rsqrt", "sqrt", "sin", "cos", "tanh", "sigmoid", "silu", "relu",
+    "gelu|approximate='none'", "gelu|approximate='tanh'", "reciprocal", "abs",
+    "cast|dtype='float32'", "add_scalar|value=1.5", "mul_scalar|value=0.125",
+    "div_scalar|value=3.0", "rsub_scalar|value=2.0", "pow_scalar|value=2", "lt_scalar|value=1.0",
+    "le_scalar|value=1.0", "gt_scalar|value=1.0", "ge_scalar|value=1.0", "eq_scalar|value=1.0",
+    "ne_scalar|value=1.0",
+)
+LINEAR_UNARY_OPS = ("neg", "mul_scalar", "div_scalar")
+LINEAR_UNARY_KEYS = ("neg", "mul_scalar|value=0.125", "div_scalar|value=3.0")
+BINARY_KEYS = ("add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le",
+               "gt", "ge")
+ADDITIVE = ("add", "sub")
+SCALES_LEFT = ("mul", "div")
+SCALES_RIGHT = ("mul",)
+REDUCTIONS = ("sum", "amax")
+NORMALIZATIONS = ("softmax", "log_softmax")
+
+# Static trait facts loaded into every e-graph; linear unary keys are added per window.
+FACTS = {"additive": set(ADDITIVE), "scales_left": set(SCALES_LEFT),
+         "scales_right": set(SCALES_RIGHT), "linear_unary": set(LINEAR_UNARY_KEYS)}

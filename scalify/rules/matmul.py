@@ -1,0 +1,71 @@
+"""Matrix products split over batch, row and column shards; a contraction shard gives partial sums."""
+from __future__ import annotations
+
+from .base import Rule
+from .examples import tensor
+
+RANK = 3  # examples use batched [B, M, K] @ [B, K, N] products
+B, M, K, N = 4, 5, 6, 3
+
+
+def _left(dim: int, first: int):
+    def example(gen, choice):
+        shape = [B, M, K]
+        a, b = list(shape), list(shape)
+        a[dim], b[dim] = first, shape[dim] - first
+        return {"a": tensor(gen, *a), "b": tensor(gen, *b), "d": dim, "na": first,
+                "nb": shape[dim] - first, "y": tensor(gen, B, K, N), "r": RANK}
+    return example
+
+
+def _right(dim: int, first: int):
+    def example(gen, choice):
+        shape = [B, K, N]
+        a, b = list(shape), list(shape)
+        a[dim], b[dim] = first, shape[dim] - first
+        return {"a": tensor(gen, *a), "b": tensor(gen, *b), "d": dim, "na": first,
+                "nb": shape[dim] - first, "x": tensor(gen, B, M, K), "r": RANK}
+    return example
+
+
+def _psum(gen, choice):
+    return {"a": tensor(gen, B, M, K), "b": tensor(gen, B, M, K), "y": tensor(gen, B, K, N),
+            "x": tensor(gen, B, M, K), "c": tensor(gen, B, K, N), "e": tensor(gen, B, K, N),
+            "r": RANK}
+
+
+def _sliced(gen, choice):
+    return {"x": tensor(gen, B, M, K), "w": tensor(gen, B, K, N + 4), "d": 2, "s": 1, "e": N + 1,
+            "y": tensor(gen, B, K, N), "v": tensor(gen, B, M + 3, K), "r": RANK}
+
+
+def rules() -> list[Rule]:
+    return [
+        Rule("matmul-batch-left", "(matmul (concat a b d na nb) y r)",
+             "(concat (matmul a (slice y d 0 na) r) (matmul b (slice y d na (+ na nb)) r) d na nb)",
+             _left(0, 1), when=("(< d (- r 2))",)),
+        Rule("matmul-batch-right", "(matmul x (concat a b d na nb) r)",
+             "(concat (matmul (slice x d 0 na) a r) (matmul (slice x d na (+ na nb)) b r) d na nb)",
+             _right(0, 3), when=("(< d (- r 2))",)),
+        Rule("matmul-rows", "(matmul (concat a b d na nb) y r)",
+             "(concat (matmul a y r) (matmul b y r) d na nb)", _left(1, 2),
+             when=("(= d (- r 2))",)),
+        Rule("matmul-columns", "(matmul x (concat a b d na nb) r)",
+             "(concat (matmul x a r) (matmul x b r) d na nb)", _right(2, 1),
+             when=("(= d (- r 1))",)),
+        Rule("matmul-contraction-left", "(matmul (concat a b d na nb) y r)",
+             "(psum (matmul a (slice y (- r 2) 0 na) r) (matmul b (slice y (- r 2) na (+ na nb)) r))",
+             _left(2, 2), when=("(= d (- r 1))",)),
+        Rule("matmul-contraction-right", "(matmul x (concat a b d na nb) r)",
+             "(psum (matmul (slice x (- r 1) 0 na) a r) (matmul (slice x (- r 1) na (+ na nb)) b r))",
+             _right(1, 4), when=("(= d (- r 2))",)),
+        Rule("matmul-psum-left", "(matmul (psum a b) y r)", "(psum (matmul a y r) (matmul b y r))",
+             _psum),
+        Rule("matmul-psum-right", "(matmul x (psum c e) r)", "(psum (matmul x c r) (matmul x e r))",
+             _psum),
+        Rule("matmul-sliced-columns", "(matmul x (slice w d s e) r)", "(slice (matmul x w r) d s e)",
+             _sliced, when=("(= d (- r 1))",)),
+        Rule("matmul-sliced-rows", "(matmul (slice v d s e) y r)", "(slice (matmul v y r) d s e)",
+             lambda gen, c: {**_sliced(gen, c), "d": 1, "s": 2, "e": M + 2},
+             when=("(= d (- r 2))",)),
+    ]

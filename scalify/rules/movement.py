@@ -1,0 +1,96 @@
+"""Data movement (merge/split/unsqueeze/squeeze/transpose/expand/slice) over concats and partial sums.
+
+Every rule is size-free except where the concat's own part sizes say what a slice selects.
+"""
+from __future__ import annotations
+
+from .base import Rule
+from .examples import concat_parts, tensor
+
+SHAPE = (4, 6, 2, 3)
+
+
+def _parts(dim: int, first: int, shape: tuple[int, ...] = SHAPE, **extra):
+    def example(gen, choice):
+        return {**concat_parts(gen, shape, dim, first), **extra}
+    return example
+
+
+def _concat_rule(name: str, op: str, attrs: str, new_dim: str, when: tuple[str, ...], example,
+                 sizes: str = "na nb") -> Rule:
+    return Rule(name, f"({op} (concat a b c na nb) {attrs})",
+                f"(concat ({op} a {attrs}) ({op} b {attrs}) {new_dim} {sizes})", example, when=when)
+
+
+def _with(dim: int, first: int, shape: tuple[int, ...] = SHAPE, **extra):
+    """Concat parts along `dim` bound as `c`, plus the op's own attributes in `extra`."""
+    def example(gen, choice):
+        env = concat_parts(gen, shape, dim, first)
+        env["c"] = env.pop("d")
+        return {**env, **extra}
+    return example
+
+
+def _psum_rule(op: str, attrs: str, shape: tuple[int, ...], **extra) -> Rule:
+    return Rule(f"{op}-over-psum", f"({op} (psum a b) {attrs})",
+                f"(psum ({op} a {attrs}) ({op} b {attrs}))",
+                lambda gen, c: {"a": tensor(gen, *shape), "b": tensor(gen, *shape), **extra})
+
+
+def rules() -> list[Rule]:
+    return [
+        _concat_rule("merge-concat-before", "merge", "d i", "c", ("(< c d)",), _with(0, 1, d=1, i=2)),
+        _concat_rule("merge-concat-outer", "merge", "d i", "c", ("(= c d)",), _with(1, 2, d=1, i=2),
+                     sizes="(* na i) (* nb i)"),
+        _concat_rule("merge-concat-after", "merge", "d i", "(- c 1)", ("(> c (+ d 1))",),
+                     _with(3, 1, d=1, i=2)),
+        _concat_rule("split-concat-before", "split", "d i", "c", ("(< c d)",), _with(0, 3, d=1, i=3)),
+        _concat_rule("split-concat-same", "split", "d i", "c",
+                     ("(= c d)", "(= (% na i) 0)", "(= (% nb i) 0)"), _with(1, 4, d=1, i=2),
+                     sizes="(/ na i) (/ nb i)"),
+        _concat_rule("split-concat-after", "split", "d i", "(+ c 1)", ("(> c d)",),
+                     _with(1, 2, d=0, i=2)),
+        _concat_rule("unsqueeze-concat-before", "unsqueeze", "d", "c", ("(< c d)",), _with(1, 2, d=2)),
+        _concat_rule("unsqueeze-concat-after", "unsqueeze", "d", "(+ c 1)", ("(>= c d)",),
+                     _with(1, 2, d=1)),
+        _concat_rule("squeeze-concat-before", "squeeze", "d", "c", ("(< c d)",),
+                     _with(1, 2, shape=(4, 6, 1, 3), d=2)),
+        _concat_rule("squeeze-concat-after", "squeeze", "d", "(- c 1)", ("(> c d)",),
+                     _with(3, 1, shape=(4, 1, 2, 3), d=1)),
+        _concat_rule("transpose-concat-first", "transpose", "d e", "e", ("(= c d)",),
+                     _with(1, 2, d=1, e=3)),
+        _concat_rule("transpose-concat-second", "transpose", "d e", "d", ("(= c e)",),
+                     _with(3, 1, d=1, e=3)),
+        _concat_rule("transpose-concat-other", "transpose", "d e", "c", ("(!= c d)", "(!= c e)"),
+                     _with(0, 1, d=1, e=3)),
+        _concat_rule("expand-concat", "expand", "d n", "c", ("(!= c d)",),
+                     _with(1, 2, shape=(4, 6, 1, 3), d=2, n=5)),
+        _concat_rule("slice-concat-other", "slice", "d s e", "c", ("(!= c d)",),
+                     _with(1, 2, d=3, s=1, e=3)),
+        Rule("slice-concat-first", "(slice (concat a b d na nb) d s e)", "(slice a d s e)",
+             _parts(1, 4, s=1, e=3), when=("(<= e na)",)),
+        Rule("slice-concat-second", "(slice (concat a b d na nb) d s e)",
+             "(slice b d (- s na) (- e na))", _parts(1, 2, s=3, e=5), when=("(>= s na)",)),
+        Rule("slice-concat-straddle", "(slice (concat a b d na nb) d s e)",
+             "(concat (slice a d s na) (slice b d 0 (- e na)) d (- na s) (- e na))",
+             _parts(1, 3, s=1, e=5), when=("(< s na)", "(> e na)")),
+        Rule("slice-whole", "(slice x d 0 n)", "x",
+             lambda gen, c: {"x": tensor(gen, *SHAPE), "d": 1, "n": SHAPE[1]},
+             when=("(= (dimsize x d) n)",)),
+        Rule("slice-expand", "(slice (expand x d n) d s e)", "(expand x d (- e s))",
+             lambda gen, c: {"x": tensor(gen, 4, 1, 3), "d": 1, "n": 6, "s": 2, "e": 5}),
+        _psum_rule("merge", "d i", SHAPE, d=1, i=2),
+        _psum_rule("split", "d i", SHAPE, d=1, i=3),
+        _psum_rule("unsqueeze", "d", SHAPE, d=2),
+        _psum_rule("squeeze", "d", (4, 1, 3), d=1),
+        _psum_rule("transpose", "d e", SHAPE, d=0, e=2),
+        _psum_rule("expand", "d n", (4, 1, 3), d=1, n=5),
+        _psum_rule("slice", "d s e", SHAPE, d=1, s=2, e=5),
+    ]
+
+
+# Shape facts the slice rules read: a concat's parts have the sizes it records.
+FACT_RULES = (
+    "(rule ((= t (concat a b d na nb))) "
+    "((set (dimsize a d) na) (set (dimsize b d) nb) (set (dimsize t d) (+ na nb))) :ruleset lemmas)",
+)

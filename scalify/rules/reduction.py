@@ -1,0 +1,34 @@
+"""Reductions and normalisations: split over other dims, partial results over the sharded dim."""
+from __future__ import annotations
+
+from .base import Rule
+from .examples import concat_parts, tensor
+from .families import NORMALIZATIONS, REDUCTIONS
+
+SHAPE = (3, 4, 5)
+
+
+def _other_dim(gen, choice):
+    return {**concat_parts(gen, SHAPE, 1, 1), "k": 2, **choice}
+
+
+def _same_dim(gen, choice):
+    return concat_parts(gen, SHAPE, 2, 2)
+
+
+def rules() -> list[Rule]:
+    return [
+        Rule("reduce-over-concat-other-dim", "(reduce f (concat a b d na nb) k)",
+             "(concat (reduce f a k) (reduce f b k) d na nb)", _other_dim, when=("(!= d k)",),
+             families={"f": REDUCTIONS}),
+        Rule("sum-over-concat-dim", '(reduce "sum" (concat a b d na nb) d)',
+             '(psum (reduce "sum" a d) (reduce "sum" b d))', _same_dim),
+        Rule("amax-over-concat-dim", '(reduce "amax" (concat a b d na nb) d)',
+             '(pmax (reduce "amax" a d) (reduce "amax" b d))', _same_dim),
+        Rule("sum-over-psum", '(reduce "sum" (psum a b) k)',
+             '(psum (reduce "sum" a k) (reduce "sum" b k))',
+             lambda gen, c: {"a": tensor(gen, *SHAPE), "b": tensor(gen, *SHAPE), "k": 1}),
+        Rule("normalize-over-concat-other-dim", "(softmax f (concat a b d na nb) k)",
+             "(concat (softmax f a k) (softmax f b k) d na nb)", _other_dim, when=("(!= d k)",),
+             families={"f": NORMALIZATIONS}),
+    ]

@@ -1,0 +1,235 @@
+"""The relational term language: its egglog declaration, s-expression parsing and numeric meaning.
+
+Rank tensors are `(dist "name")` leaves; `concat`, `psum`, `pmax` and `slice` are the
+relational (data-movement and reduction) constructors and are cheap for extraction; every
+computational constructor is expensive, so a term that still contains one means "no relation".
+"""
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from typing import Any, Union
+
+import torch
+
+from ..ir.ops import OPS
+
+RELATIONAL = frozenset({"dist", "const", "concat", "psum", "pmax", "slice"})
+COMPUTE_COST = 1000
+
+DECLARATIONS = f"""
+(datatype T
+  (dist String :cost 1)
+  (const String :cost 1)
+  (concat T T i64 i64 i64 :cost 1)
+  (psum T T :cost 1)
+  (pmax T T :cost 1)
+  (slice T i64 i64 i64 :cost 2)
+  (unary String T :cost {COMPUTE_COST})
+  (binary String T T :cost {COMPUTE_COST})
+  (where3 T T T :cost {COMPUTE_COST})
+  (reduce String T i64 :cost {COMPUTE_COST})
+  (softmax String T i64 :cost {COMPUTE_COST})
+  (matmul T T i64 :cost {COMPUTE_COST})
+  (merge T i64 i64 :cost {COMPUTE_COST})
+  (split T i64 i64 :cost {COMPUTE_COST})
+  (unsqueeze T i64 :cost {COMPUTE_COST})
+  (squeeze T i64 :cost {COMPUTE_COST})
+  (transpose T i64 i64 :cost {COMPUTE_COST})
+  (expand T i64 i64 :cost {COMPUTE_COST})
+  (embedding T T :cost {COMPUTE_COST})
+  (embed_range T T i64 :cost {COMPUTE_COST})
+  (masked_fill T T String :cost {COMPUTE_COST})
+  (cmp_int String T i64 :cost {COMPUTE_COST})
+  (add_int T i64 :cost {COMPUTE_COST})
+  (opaque1 String T :cost {COMPUTE_COST})
+  (opaque2 String T T :cost {COMPUTE_COST})
+  (opaque3 String T T T :cost {COMPUTE_COST})
+  (opaque4 String T T T T :cost {COMPUTE_COST}))
+(function dimsize (T i64) i64 :merge (min old new))
+(relation target (T))
+(relation same (String))
+"""
+
+Term = Union["App", str, int, float]
+
+
+@dataclass(frozen=True)
+class App:
+    """A constructor applied to arguments (sub-terms, strings or integers)."""
+
+    head: str
+    args: tuple[Term, ...]
+
+    def __str__(self) -> str:
+        return render(self)
+
+
+def parse(text: str) -> Term:
+    """Parse one s-expression as egglog prints it."""
+    tokens = _tokenize(text)
+    term, rest = _parse(tokens, 0)
+    if rest != len(tokens):
+        raise ValueError(f"trailing text in term: {text!r}")
+    return term
+
+
+def _tokenize(text: str) -> list[str]:
+    tokens, i = [], 0
+    while i < len(text):
+        c = text[i]
+        if c.isspace():
+            i += 1
+        elif c in "()":
+            tokens.append(c)
+            i += 1
+        elif c == '"':
+            j = i + 1
+            while text[j] != '"':
+                j += 2 if text[j] == "\\" else 1
+            tokens.append(text[i:j + 1])
+            i = j + 1
+        else:
+            j = i
+            while j < len(text) and not text[j].isspace() and text[j] not in "()":
+                j += 1
+            tokens.append(text[i:j])
+            i = j
+    return tokens
+
+
+def _parse(tokens: list[str], i: int) -> tuple[Term, int]:
+    token = tokens[i]
+    if token == "(":
+        head, i = tokens[i + 1], i + 2
+        args = []
+        while tokens[i] != ")":
+            arg, i = _parse(tokens, i)
+            args.append(arg)
+        return App(head, tuple(args)), i + 1
+    if token.startswith('"'):
+        return ast.literal_eval(token), i + 1
+    try:
+        return int(token), i + 1
+    except ValueError:
+        return "?" + token, i + 1  # a pattern variable
+
+
+def render(term: Term) -> str:
+    if isinstance(term, App):
+        return "(" + " ".join([term.head, *(_atom(a) for a in term.args)]) + ")"
+    return _atom(term)
+
+
+def _atom(value: Term) -> str:
+    if isinstance(value, App):
+        return render(value)
+    if isinstance(value, str) and not value.startswith("?"):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return str(value).lstrip("?")
+
+
+def var(name: str) -> str:
+    """A pattern variable (kept distinct from string literals when rendering)."""
+    return "?" + name
+
+
+def leaves(term: Term) -> list[str]:
+    """Names of the rank tensors a term mentions, in order."""
+    if not isinstance(term, App):
+        return []
+    if term.head == "dist":
+        return [term.args[0]]
+    return [name for arg in term.args for name in leaves(arg)]
+
+
+def is_relational(term: Term) -> bool:
+    """True when the term is built only from rank tensors and data-movement/reduction constructors."""
+    if not isinstance(term, App):
+        return True
+    return term.head in RELATIONAL and all(is_relational(a) for a in term.args)
+
+
+# Op keys: an op name plus its attributes, as one string (`mul_scalar|value=0.5`).
+
+def op_key(op: str, attrs: dict[str, Any]) -> str:
+    if not attrs:
+        return op
+    return op + "|" + ";".join(f"{k}={v!r}" for k, v in sorted(attrs.items()))
+
+
+def parse_op_key(key: str) -> tuple[str, dict[str, Any]]:
+    op, _, rest = key.partition("|")
+    attrs = {}
+    for item in filter(None, rest.split(";")):
+        name, _, value = item.partition("=")
+        attrs[name] = ast.literal_eval(value)
+    return op, attrs
+
+
+# Numeric meaning of every constructor, for rule tests and counterexamples.
+
+def evaluate(term: Term, env: dict[str, Any]) -> Any:
+    """Evaluate a term on real tensors; `env` binds variables and leaf names."""
+    if isinstance(term, str):
+        return env[term.lstrip("?")] if term.startswith("?") else term
+    if isinstance(term, (int, float)):
+        return term
+    args = [evaluate(a, env) for a in term.args]
+    return _CONSTRUCTORS[term.head](*args) if term.head not in ("dist", "const") else env[args[0]]
+
+
+def _run(op: str, inputs: list[torch.Tensor], attrs: dict[str, Any]) -> torch.Tensor:
+    return OPS[op].run(inputs, attrs)
+
+
+def _keyed(key: str, inputs: list[torch.Tensor]) -> torch.Tensor:
+    op, attrs = parse_op_key(key)
+    return _run(op, inputs, attrs)
+
+
+def _concat(a: torch.Tensor, b: torch.Tensor, dim: int, na: int, nb: int) -> torch.Tensor:
+    if a.shape[dim] != na or b.shape[dim] != nb:
+        raise ValueError(f"concat sizes {na},{nb} do not match operands {a.shape},{b.shape}")
+    return torch.cat([a, b], dim)
+
+
+def _embed_range(weight: torch.Tensor, ids: torch.Tensor, start: int) -> torch.Tensor:
+    inside = (ids >= start) & (ids < start + weight.shape[0])
+    rows = torch.nn.functional.embedding(torch.where(inside, ids - start, 0), weight)
+    return rows * inside.unsqueeze(-1).to(rows.dtype)
+
+
+_CONSTRUCTORS = {
+    "+": lambda a, b: a + b,
+    "-": lambda a, b: a - b,
+    "*": lambda a, b: a * b,
+    "/": lambda a, b: a // b,
+    "%": lambda a, b: a % b,
+    "dimsize": lambda x, d: x.shape[d],
+    "concat": _concat,
+    "psum": lambda a, b: a + b,
+    "pmax": torch.maximum,
+    "slice": lambda x, d, s, e: _run("slice", [x], {"dim": d, "start": s, "end": e}),
+    "unary": lambda f, x: _keyed(f, [x]),
+    "binary": lambda f, x, y: _keyed(f, [x, y]),
+    "where3": lambda c, x, y: torch.where(c, x, y),
+    "reduce": lambda f, x, d: _run(f, [x], {"dim": d}),
+    "softmax": lambda f, x, d: _run(f, [x], {"dim": d}),
+    "matmul": lambda a, b, r: torch.matmul(a, b),
+    "merge": lambda x, d, inner: _run("merge", [x], {"dim": d, "inner": inner}),
+    "split": lambda x, d, inner: _run("split", [x], {"dim": d, "inner": inner}),
+    "unsqueeze": lambda x, d: x.unsqueeze(d),
+    "squeeze": lambda x, d: _run("squeeze", [x], {"dim": d}),
+    "transpose": lambda x, d0, d1: x.transpose(d0, d1),
+    "expand": lambda x, d, n: _run("expand", [x], {"dim": d, "size": n}),
+    "embedding": lambda w, ids: torch.nn.functional.embedding(ids, w),
+    "embed_range": _embed_range,
+    "masked_fill": lambda x, m, v: x.masked_fill(m, ast.literal_eval(v)),
+    "cmp_int": lambda f, x, v: _run(f + "_scalar", [x], {"value": v}),
+    "add_int": lambda x, v: x + v,
+    "opaque1": lambda f, *xs: _keyed(f, list(xs)),
+    "opaque2": lambda f, *xs: _keyed(f, list(xs)),
+    "opaque3": lambda f, *xs: _keyed(f, list(xs)),
+    "opaque4": lambda f, *xs: _keyed(f, list(xs)),
+}

@@ -88,8 +88,7 @@ _UNARY_NAMES = ["neg", "exp", "log", "rsqrt", "sqrt", "sin", "cos", "tanh", "sig
 def _elementwise(b: GraphBuilder, op: str, operands: list[Any], out: Any, **attrs: Any) -> Ref:
     shape = _out_shape(out)
     refs = [b.broadcast(o, shape) for o in operands]
-    result = b.emit(op, refs, refs[0].dtype, **attrs)
-    return _cast_to(b, result, out)
+    return b.emit(op, refs, _dtype_name(out.dtype), **attrs)
 
 
 def _cast_to(b: GraphBuilder, ref: Ref, out: Any) -> Ref:

@@ -57,16 +57,29 @@ class GraphBuilder:
         return ref
 
     def reshape(self, ref: Ref, shape: tuple[int, ...]) -> Ref:
-        """A reshape as squeezes, merges of adjacent dims, splits and unsqueezes."""
+        """A reshape as squeezes, merges of adjacent dims, splits and unsqueezes.
+
+        Dims shared by both shapes at the front and back are left alone, so size-1 batch dims
+        do not churn through squeeze/unsqueeze pairs.
+        """
         shape = _resolve_minus_one(ref.shape, shape)
         if shape == ref.shape:
             return ref
-        for dim in reversed(range(len(ref.shape))):
-            if ref.shape[dim] == 1:
-                ref = self.emit("squeeze", [ref], dim=dim)
-        target = [size for size in shape if size != 1]
-        dim = 0
-        for group in _reshape_groups(list(ref.shape), target):
+        front = 0
+        while front < min(len(shape), len(ref.shape)) and shape[front] == ref.shape[front]:
+            front += 1
+        back = 0
+        while (back < min(len(shape), len(ref.shape)) - front
+               and shape[-1 - back] == ref.shape[-1 - back]):
+            back += 1
+        middle_in = ref.shape[front:len(ref.shape) - back]
+        middle_out = shape[front:len(shape) - back]
+        for offset in reversed(range(len(middle_in))):
+            if middle_in[offset] == 1:
+                ref = self.emit("squeeze", [ref], dim=front + offset)
+        dim = front
+        for group in _reshape_groups([s for s in middle_in if s != 1],
+                                     [s for s in middle_out if s != 1]):
             for _ in range(len(group[0]) - 1):
                 ref = self.emit("merge", [ref], dim=dim, inner=ref.shape[dim + 1])
             sizes = group[1]
@@ -76,9 +89,9 @@ class GraphBuilder:
                     inner *= size
                 ref = self.emit("split", [ref], dim=dim + offset, inner=inner)
             dim += len(sizes)
-        for dim, size in enumerate(shape):
+        for offset, size in enumerate(middle_out):
             if size == 1:
-                ref = self.emit("unsqueeze", [ref], dim=dim)
+                ref = self.emit("unsqueeze", [ref], dim=front + offset)
         return ref
 
     def permute(self, ref: Ref, perm: list[int]) -> Ref:

@@ -12,13 +12,37 @@ def _concat_example(gen, choice):
     return {**concat_parts(gen, SHAPE, 1, 2), **choice}
 
 
-def _binary_example(gen, choice):
-    return {**concat_parts(gen, SHAPE, 1, 3), "y": tensor(gen, *SHAPE), "x": tensor(gen, *SHAPE),
-            **choice}
+def _aligned_example(gen, choice):
+    left, right = concat_parts(gen, SHAPE, 1, 3), concat_parts(gen, SHAPE, 1, 3)
+    return {**left, "x": right["a"], "y": right["b"], **choice}
+
+
+def _broadcast_example(gen, choice):
+    return {**concat_parts(gen, SHAPE, 1, 3), "z": tensor(gen, 3, 1, 5), "n": SHAPE[1], **choice}
 
 
 def _psum_example(gen, choice):
     return {name: tensor(gen, *SHAPE) for name in "abxy"} | choice
+
+
+def _shape_op_rules() -> list[Rule]:
+    """Elementwise ops commute with the size-1 shape ops that relations may contain."""
+    x3, y3 = (lambda gen: tensor(gen, 3, 1, 5)), (lambda gen: tensor(gen, 3, 1, 5))
+    return [
+        Rule("unary-over-unsqueeze", "(unary f (unsqueeze x d))", "(unsqueeze (unary f x) d)",
+             lambda gen, c: {"x": tensor(gen, 3, 5), "d": 1, **c}, families={"f": UNARY_KEYS}),
+        Rule("unary-over-squeeze", "(unary f (squeeze x d))", "(squeeze (unary f x) d)",
+             lambda gen, c: {"x": x3(gen), "d": 1, **c}, families={"f": UNARY_KEYS}),
+        Rule("unary-over-expand", "(unary f (expand x d n))", "(expand (unary f x) d n)",
+             lambda gen, c: {"x": x3(gen), "d": 1, "n": 4, **c}, families={"f": UNARY_KEYS}),
+        Rule("binary-over-unsqueezes", "(binary f (unsqueeze x d) (unsqueeze y d))",
+             "(unsqueeze (binary f x y) d)",
+             lambda gen, c: {"x": tensor(gen, 3, 5), "y": tensor(gen, 3, 5), "d": 1, **c},
+             families={"f": BINARY_KEYS}),
+        Rule("binary-over-squeezes", "(binary f (squeeze x d) (squeeze y d))",
+             "(squeeze (binary f x y) d)",
+             lambda gen, c: {"x": x3(gen), "y": y3(gen), "d": 1, **c}, families={"f": BINARY_KEYS}),
+    ]
 
 
 def rules() -> list[Rule]:
@@ -28,12 +52,16 @@ def rules() -> list[Rule]:
              families={"f": UNARY_KEYS}),
         Rule("linear-unary-over-psum", "(unary f (psum a b))", "(psum (unary f a) (unary f b))",
              _psum_example, when=("(linear_unary f)",), families={"f": LINEAR_UNARY_KEYS}),
-        Rule("binary-over-concat-left", "(binary f (concat a b d na nb) y)",
-             "(concat (binary f a (slice y d 0 na)) (binary f b (slice y d na (+ na nb))) d na nb)",
-             _binary_example, families={"f": BINARY_KEYS}),
-        Rule("binary-over-concat-right", "(binary f x (concat a b d na nb))",
-             "(concat (binary f (slice x d 0 na) a) (binary f (slice x d na (+ na nb)) b) d na nb)",
-             _binary_example, families={"f": BINARY_KEYS}),
+        Rule("binary-over-aligned-concats", "(binary f (concat a b d na nb) (concat x y d na nb))",
+             "(concat (binary f a x) (binary f b y) d na nb)", _aligned_example,
+             families={"f": BINARY_KEYS}),
+        Rule("binary-over-concat-and-broadcast", "(binary f (concat a b d na nb) (expand z d n))",
+             "(concat (binary f a (expand z d na)) (binary f b (expand z d nb)) d na nb)",
+             _broadcast_example, families={"f": BINARY_KEYS}),
+        Rule("binary-over-broadcast-and-concat", "(binary f (expand z d n) (concat a b d na nb))",
+             "(concat (binary f (expand z d na) a) (binary f (expand z d nb) b) d na nb)",
+             _broadcast_example, families={"f": BINARY_KEYS}),
+        *_shape_op_rules(),
         Rule("additive-over-psums", "(binary f (psum a b) (psum x y))",
              "(psum (binary f a x) (binary f b y))", _psum_example, when=("(additive f)",),
              families={"f": ADDITIVE}),

@@ -28,6 +28,18 @@ def _right(dim: int, first: int):
     return example
 
 
+def _aligned(left_dim: int, right_dim: int, first: int):
+    """Operands split at the same point: `a|b` along `left_dim` of A, `x|y` along `right_dim` of B."""
+    def example(gen, choice):
+        left, right = _left(left_dim, first)(gen, choice), _right(right_dim, first)(gen, choice)
+        return {**left, "x": right["a"], "y": right["b"], "e": right_dim}
+    return example
+
+
+def _broadcast(gen, choice):
+    return {**_left(0, 1)(gen, choice), "z": tensor(gen, 1, K, N), "n": B}
+
+
 def _psum(gen, choice):
     return {"a": tensor(gen, B, M, K), "b": tensor(gen, B, M, K), "y": tensor(gen, B, K, N),
             "x": tensor(gen, B, M, K), "c": tensor(gen, B, K, N), "e": tensor(gen, B, K, N),
@@ -41,24 +53,25 @@ def _sliced(gen, choice):
 
 def rules() -> list[Rule]:
     return [
-        Rule("matmul-batch-left", "(matmul (concat a b d na nb) y r)",
-             "(concat (matmul a (slice y d 0 na) r) (matmul b (slice y d na (+ na nb)) r) d na nb)",
-             _left(0, 1), when=("(< d (- r 2))",)),
-        Rule("matmul-batch-right", "(matmul x (concat a b d na nb) r)",
-             "(concat (matmul (slice x d 0 na) a r) (matmul (slice x d na (+ na nb)) b r) d na nb)",
-             _right(0, 3), when=("(< d (- r 2))",)),
+        Rule("matmul-batch-aligned", "(matmul (concat a b d na nb) (concat x y d na nb) r)",
+             "(concat (matmul a x r) (matmul b y r) d na nb)", _aligned(0, 0, 1),
+             when=("(< d (- r 2))",)),
+        Rule("matmul-batch-broadcast-right", "(matmul (concat a b d na nb) (expand z d n) r)",
+             "(concat (matmul a (expand z d na) r) (matmul b (expand z d nb) r) d na nb)",
+             _broadcast, when=("(< d (- r 2))",)),
         Rule("matmul-rows", "(matmul (concat a b d na nb) y r)",
              "(concat (matmul a y r) (matmul b y r) d na nb)", _left(1, 2),
              when=("(= d (- r 2))",)),
         Rule("matmul-columns", "(matmul x (concat a b d na nb) r)",
              "(concat (matmul x a r) (matmul x b r) d na nb)", _right(2, 1),
              when=("(= d (- r 1))",)),
-        Rule("matmul-contraction-left", "(matmul (concat a b d na nb) y r)",
-             "(psum (matmul a (slice y (- r 2) 0 na) r) (matmul b (slice y (- r 2) na (+ na nb)) r))",
-             _left(2, 2), when=("(= d (- r 1))",)),
-        Rule("matmul-contraction-right", "(matmul x (concat a b d na nb) r)",
-             "(psum (matmul (slice x (- r 1) 0 na) a r) (matmul (slice x (- r 1) na (+ na nb)) b r))",
-             _right(1, 4), when=("(= d (- r 2))",)),
+        Rule("matmul-contraction", "(matmul (concat a b d na nb) (concat x y e na nb) r)",
+             "(psum (matmul a x r) (matmul b y r))", _aligned(2, 1, 2),
+             when=("(= d (- r 1))", "(= e (- r 2))")),
+        Rule("matmul-over-unsqueezes", "(matmul (unsqueeze x d) (unsqueeze y d) r)",
+             "(unsqueeze (matmul x y (- r 1)) d)",
+             lambda gen, c: {"x": tensor(gen, M, K), "y": tensor(gen, K, N), "d": 0, "r": 3},
+             when=("(< d (- r 2))",)),
         Rule("matmul-psum-left", "(matmul (psum a b) y r)", "(psum (matmul a y r) (matmul b y r))",
              _psum),
         Rule("matmul-psum-right", "(matmul x (psum c e) r)", "(psum (matmul x c r) (matmul x e r))",

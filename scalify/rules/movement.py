@@ -31,6 +31,49 @@ def _with(dim: int, first: int, shape: tuple[int, ...] = SHAPE, **extra):
     return example
 
 
+def _interchange(gen, choice):
+    """Four blocks of a 2x2 grid: rows split after 1 along dim 0, columns after 2 along dim 1."""
+    block = {"a": (1, 2), "b": (3, 2), "x": (1, 4), "y": (3, 4)}
+    return {name: tensor(gen, *shape) for name, shape in block.items()} | {
+        "d": 0, "na": 1, "nb": 3, "k": 1, "ma": 2, "mb": 4}
+
+
+def _sliced(**extra):
+    def example(gen, choice):
+        return {"x": tensor(gen, 4, 6, 1, 3), "y": tensor(gen, 4, 6, 1, 3), **extra}
+    return example
+
+
+def _slice_rules() -> list[Rule]:
+    """Elementwise and movement ops applied to a slice equal the slice of the op's result."""
+    def outward(name, inner, outer, new_dim, when, example):
+        return Rule(name, f"({inner.format(x='(slice x d s e)')})",
+                    f"(slice ({outer}) {new_dim} s e)", example, when=when)
+    return [
+        outward("unsqueeze-slice-before", "unsqueeze {x} k", "unsqueeze x k", "d", ("(< d k)",),
+                _sliced(d=1, s=2, e=5, k=2)),
+        outward("unsqueeze-slice-after", "unsqueeze {x} k", "unsqueeze x k", "(+ d 1)",
+                ("(>= d k)",), _sliced(d=1, s=2, e=5, k=1)),
+        outward("squeeze-slice-before", "squeeze {x} k", "squeeze x k", "d", ("(< d k)",),
+                _sliced(d=1, s=2, e=5, k=2)),
+        outward("squeeze-slice-after", "squeeze {x} k", "squeeze x k", "(- d 1)", ("(> d k)",),
+                _sliced(d=3, s=1, e=2, k=2)),
+        outward("expand-slice", "expand {x} k n", "expand x k n", "d", ("(!= d k)",),
+                _sliced(d=1, s=2, e=5, k=2, n=4)),
+        outward("transpose-slice-first", "transpose {x} d2 e2", "transpose x d2 e2", "e2",
+                ("(= d d2)",), _sliced(d=1, s=2, e=5, d2=1, e2=3)),
+        outward("transpose-slice-second", "transpose {x} d2 e2", "transpose x d2 e2", "d2",
+                ("(= d e2)",), _sliced(d=3, s=0, e=2, d2=1, e2=3)),
+        outward("transpose-slice-other", "transpose {x} d2 e2", "transpose x d2 e2", "d",
+                ("(!= d d2)", "(!= d e2)"), _sliced(d=1, s=2, e=5, d2=0, e2=3)),
+        outward("unary-slice", "unary f {x}", "unary f x", "d", (),
+                lambda gen, c: {**_sliced(d=1, s=2, e=5)(gen, c), "f": "exp"}),
+        Rule("binary-slices", "(binary f (slice x d s e) (slice y d s e))",
+             "(slice (binary f x y) d s e)",
+             lambda gen, c: {**_sliced(d=1, s=2, e=5)(gen, c), "f": "add"}),
+    ]
+
+
 def _psum_rule(op: str, attrs: str, shape: tuple[int, ...], **extra) -> Rule:
     return Rule(f"{op}-over-psum", f"({op} (psum a b) {attrs})",
                 f"(psum ({op} a {attrs}) ({op} b {attrs}))",
@@ -79,6 +122,29 @@ def rules() -> list[Rule]:
              when=("(= (dimsize x d) n)",)),
         Rule("slice-expand", "(slice (expand x d n) d s e)", "(expand x d (- e s))",
              lambda gen, c: {"x": tensor(gen, 4, 1, 3), "d": 1, "n": 6, "s": 2, "e": 5}),
+        Rule("concat-interchange", "(concat (concat a b d na nb) (concat x y d na nb) k ma mb)",
+             "(concat (concat a x k ma mb) (concat b y k ma mb) d na nb)", _interchange,
+             when=("(< d k)",)),
+        Rule("split-whole-dim", "(split x d i)", "(unsqueeze x d)",
+             lambda gen, c: {"x": tensor(gen, 4, 6), "d": 1, "i": 6},
+             when=("(= (dimsize x d) i)",)),
+        Rule("merge-unit-dim", "(merge x d i)", "(squeeze x d)",
+             lambda gen, c: {"x": tensor(gen, 4, 1, 6), "d": 1, "i": 6},
+             when=("(= (dimsize x d) 1)",)),
+        Rule("squeeze-unsqueeze", "(squeeze (unsqueeze x d) d)", "x",
+             lambda gen, c: {"x": tensor(gen, 4, 3), "d": 1}),
+        Rule("unsqueeze-squeeze", "(unsqueeze (squeeze x d) d)", "x",
+             lambda gen, c: {"x": tensor(gen, 4, 1, 3), "d": 1}),
+        Rule("squeeze-lower-unit-dim", "(squeeze x e)", "(squeeze x d)",
+             lambda gen, c: {"x": tensor(gen, 4, 1, 1, 3), "d": 1, "e": 2},
+             when=("(= e (+ d 1))", "(= (dimsize x d) 1)")),
+        Rule("unsqueeze-beside-unit-dim", "(unsqueeze x d)", "(unsqueeze x (+ d 1))",
+             lambda gen, c: {"x": tensor(gen, 4, 1, 3), "d": 1}, when=("(= (dimsize x d) 1)",)),
+        Rule("expand-to-one", "(expand x d 1)", "x",
+             lambda gen, c: {"x": tensor(gen, 4, 1, 3), "d": 1}),
+        Rule("unsqueeze-order", "(unsqueeze (unsqueeze x d) e)", "(unsqueeze (unsqueeze x e) (+ d 1))",
+             lambda gen, c: {"x": tensor(gen, 4, 6), "d": 1, "e": 0}, when=("(<= e d)",)),
+        *_slice_rules(),
         _psum_rule("merge", "d i", SHAPE, d=1, i=2),
         _psum_rule("split", "d i", SHAPE, d=1, i=3),
         _psum_rule("unsqueeze", "d", SHAPE, d=2),

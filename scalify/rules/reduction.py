@@ -17,7 +17,14 @@ def _same_dim(gen, choice):
 
 
 def rules() -> list[Rule]:
+    unsqueezed = lambda gen, c: {"x": tensor(gen, 3, 5), "d": 0, "k": 2, **c}
     return [
+        Rule("reduce-over-unsqueeze", "(reduce f (unsqueeze x d) k)",
+             "(unsqueeze (reduce f x (- k 1)) d)", unsqueezed, when=("(> k d)",),
+             families={"f": REDUCTIONS}),
+        Rule("normalize-over-unsqueeze", "(softmax f (unsqueeze x d) k)",
+             "(unsqueeze (softmax f x (- k 1)) d)", unsqueezed, when=("(> k d)",),
+             families={"f": NORMALIZATIONS}),
         Rule("reduce-over-concat-other-dim", "(reduce f (concat a b d na nb) k)",
              "(concat (reduce f a k) (reduce f b k) d na nb)", _other_dim, when=("(!= d k)",),
              families={"f": REDUCTIONS}),

@@ -14,7 +14,8 @@ import torch
 
 from ..ir.ops import OPS
 
-RELATIONAL = frozenset({"dist", "const", "concat", "psum", "pmax", "slice"})
+RELATIONAL = frozenset({"dist", "const", "concat", "psum", "pmax", "slice", "expand", "unsqueeze",
+                        "squeeze"})
 COMPUTE_COST = 1000
 
 DECLARATIONS = f"""
@@ -33,10 +34,10 @@ DECLARATIONS = f"""
   (matmul T T i64 :cost {COMPUTE_COST})
   (merge T i64 i64 :cost {COMPUTE_COST})
   (split T i64 i64 :cost {COMPUTE_COST})
-  (unsqueeze T i64 :cost {COMPUTE_COST})
-  (squeeze T i64 :cost {COMPUTE_COST})
+  (unsqueeze T i64 :cost 10)
+  (squeeze T i64 :cost 10)
   (transpose T i64 i64 :cost {COMPUTE_COST})
-  (expand T i64 i64 :cost {COMPUTE_COST})
+  (expand T i64 i64 :cost 10)
   (embedding T T :cost {COMPUTE_COST})
   (embed_range T T i64 :cost {COMPUTE_COST})
   (masked_fill T T String :cost {COMPUTE_COST})

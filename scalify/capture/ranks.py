@@ -1,0 +1,53 @@
+"""Captures every rank's program in this process, each inside its own fake process group."""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.distributed as dist
+from torch.distributed.distributed_c10d import _resolve_process_group
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+from ..errors import CaptureError
+from ..ir.graph import Graph
+from .tracer import capture
+
+RankModuleFactory = Callable[[int], torch.nn.Module]
+
+
+@contextmanager
+def fake_process_group(rank: int, world_size: int) -> Iterator[None]:
+    """A process group with no communication: collectives are recorded, not run."""
+    if dist.is_initialized():
+        raise CaptureError("a torch.distributed process group is already initialized in this "
+                           "process; Scalify captures ranks in fake process groups of its own")
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _group_ranks(group_name: str) -> tuple[int, ...]:
+    return tuple(dist.get_process_group_ranks(_resolve_process_group(group_name)))
+
+
+def capture_rank(factory: RankModuleFactory, rank: int, world_size: int,
+                 inputs: dict[str, torch.Tensor],
+                 call: Callable[[torch.nn.Module, dict[str, torch.Tensor]], Any]) -> Graph:
+    """Build rank `rank`'s module inside its fake process group and capture one forward."""
+    with fake_process_group(rank, world_size):
+        module = factory(rank)
+        return capture(module, lambda: call(module, inputs), inputs, _group_ranks)
+
+
+def capture_ranks(factory: RankModuleFactory, world_size: int,
+                  inputs_of_rank: Callable[[int], dict[str, torch.Tensor]],
+                  call: Callable[[torch.nn.Module, dict[str, torch.Tensor]], Any],
+                  progress: Callable[[int], None] = lambda rank: None) -> list[Graph]:
+    graphs = []
+    for rank in range(world_size):
+        graphs.append(capture_rank(factory, rank, world_size, inputs_of_rank(rank), call))
+        progress(rank)
+    return graphs

@@ -1,0 +1,95 @@
+"""Distributed implementations under test: Megatron-style tensor-parallel Llama and GPT-2, one module per rank.
+
+Rank modules are built on the meta device with local shapes and run under a (fake) process group
+of `world_size` ranks; `param_placements` says how each local parameter relates to the reference's.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig
+
+from scalify.errors import ConfigError
+from scalify.parallel.gpt2 import GPT2Parts, build_gpt2_rank
+from scalify.parallel.llama import LlamaParts, build_llama_rank
+from scalify.parallel.planted import PLANTED_BUGS, PLANTED_PARTS
+from scalify.placements import Placement, Replicate
+
+__all__ = ["LOGITS_MODES", "PLANTED_BUGS", "build_rank_model", "param_placements"]
+
+LOGITS_MODES = ("gathered", "vocab_parallel")
+
+
+@dataclass(frozen=True)
+class _Family:
+    build: Callable[..., nn.Module]
+    correct_parts: LlamaParts | GPT2Parts
+
+
+_FAMILIES: dict[str, _Family] = {
+    "llama": _Family(build_llama_rank, LlamaParts()),
+    "gpt2": _Family(build_gpt2_rank, GPT2Parts()),
+}
+
+
+@runtime_checkable
+class _ShardedLayer(Protocol):
+    def placements(self) -> dict[str, Placement]: ...
+
+
+def _parts(family: str, planted_bug: str | None) -> LlamaParts | GPT2Parts:
+    """The layer classes for `family`, with `planted_bug` planted if given."""
+    if family not in _FAMILIES:
+        raise ConfigError(f"unknown model family {family!r}; known: {', '.join(_FAMILIES)}")
+    if planted_bug is None:
+        return _FAMILIES[family].correct_parts
+    if planted_bug not in PLANTED_PARTS:
+        raise ConfigError(f"unknown planted bug {planted_bug!r}; known: {', '.join(PLANTED_BUGS)}")
+    by_family = PLANTED_PARTS[planted_bug]
+    if family not in by_family:
+        raise ConfigError(f"planted bug {planted_bug!r} exists for {', '.join(by_family)}, not {family!r}")
+    return by_family[family]
+
+
+def build_rank_model(
+    family: str,
+    hf_config: PretrainedConfig,
+    rank: int,
+    world_size: int,
+    *,
+    logits: str = "gathered",
+    planted_bug: str | None = None,
+) -> nn.Module:
+    """Rank `rank` of `world_size`, on meta, in eval mode; forward(input_ids, attention_mask) -> logits.
+
+    logits="gathered" returns [batch, seq, vocab]; "vocab_parallel" returns this rank's [batch, seq, vocab / n].
+    """
+    parts = _parts(family, planted_bug)
+    if hf_config._attn_implementation != "eager":
+        raise ConfigError("rank models mirror HF's eager attention: build the config with make_hf_config")
+    if logits not in LOGITS_MODES:
+        raise ConfigError(f"logits must be one of {', '.join(LOGITS_MODES)}, got {logits!r}")
+    if not 0 <= rank < world_size:
+        raise ConfigError(f"rank {rank} is outside a world of {world_size} ranks")
+    with torch.device("meta"):
+        model = _FAMILIES[family].build(hf_config, rank, world_size, parts, gather_logits=logits == "gathered")
+    return model.eval()
+
+
+def param_placements(
+    family: str, hf_config: PretrainedConfig, world_size: int, *, planted_bug: str | None = None
+) -> dict[str, Placement]:
+    """Placement of every reference parameter and buffer, by HF name (tied aliases such as lm_head.weight included)."""
+    model = build_rank_model(family, hf_config, 0, world_size, planted_bug=planted_bug)
+    placements: dict[str, Placement] = {}
+    for module_name, module in model.named_modules():
+        declared = module.placements() if isinstance(module, _ShardedLayer) else {}
+        prefix = f"{module_name}." if module_name else ""
+        local_tensors = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
+        for name, _ in local_tensors:
+            placements[prefix + name] = declared.get(name, Replicate())
+    return placements

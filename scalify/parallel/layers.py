@@ -1,0 +1,128 @@
+"""Megatron-style tensor-parallel layers: local shards of a layer plus the collectives that join them.
+
+Every layer reports, through `placements()`, how its local parameters relate to the reference
+layer's parameters; the collectives run on the default process group (`dist.group.WORLD`).
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+import torch.nn.functional as F
+from torch import nn
+from transformers.pytorch_utils import Conv1D
+
+from scalify.errors import ShapeError
+from scalify.placements import Placement, Replicate, Shard
+
+
+def divide(total: int, parts: int, what: str) -> int:
+    """`total / parts`, or a ShapeError naming `what` when the split is uneven."""
+    if total % parts != 0:
+        raise ShapeError(f"{what} ({total}) does not split evenly into {parts} tensor-parallel shards")
+    return total // parts
+
+
+def all_reduce_sum(partial: torch.Tensor) -> torch.Tensor:
+    """Sum `partial` over the ranks of the tensor-parallel group."""
+    return funcol.all_reduce(partial, "sum", dist.group.WORLD)
+
+
+def all_gather_last_dim(local: torch.Tensor) -> torch.Tensor:
+    """Concatenate the ranks' `local` tensors along the last dim.
+
+    The dim is passed non-negative: funcol's view shortcut (taken when dim 0 equals the group size)
+    computes a wrong shape for gather_dim=-1.
+    """
+    return funcol.all_gather_single(local, local.dim() - 1, dist.group.WORLD)
+
+
+class ColumnParallelLinear(nn.Linear):
+    """nn.Linear holding one of `num_chunks` row blocks of the weight [out, in]: output features are sharded.
+
+    `chunk_of_rank[r]` names the block rank r holds when it is not block r (replicated GQA kv heads).
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        num_chunks: int,
+        *,
+        bias: bool = False,
+        chunk_of_rank: tuple[int, ...] | None = None,
+    ) -> None:
+        super().__init__(in_features, divide(out_features, num_chunks, "output features"), bias=bias)
+        self.chunk_of_rank = chunk_of_rank
+
+    def placements(self) -> dict[str, Placement]:
+        shard = Shard(0, chunk_of_rank=self.chunk_of_rank)
+        return {"weight": shard, "bias": shard}
+
+
+class RowParallelLinear(nn.Linear):
+    """nn.Linear holding a column block of the weight [out, in]: partial outputs are summed, then the bias added."""
+
+    def __init__(self, in_features: int, out_features: int, num_chunks: int, *, bias: bool = False) -> None:
+        super().__init__(divide(in_features, num_chunks, "input features"), out_features, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        output = all_reduce_sum(F.linear(x, self.weight))
+        return output if self.bias is None else output + self.bias
+
+    def placements(self) -> dict[str, Placement]:
+        return {"weight": Shard(1), "bias": Replicate()}
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Embedding holding the rows [start, end) of the vocabulary; tokens outside that range contribute zeros."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, rank: int, world_size: int) -> None:
+        super().__init__()
+        rows = divide(num_embeddings, world_size, "vocab_size")
+        self.vocab_start = rank * rows
+        self.vocab_end = self.vocab_start + rows
+        self.weight = nn.Parameter(torch.empty(rows, embedding_dim))
+
+    def out_of_range(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """True where a token id belongs to another rank's rows."""
+        return (input_ids < self.vocab_start) | (input_ids >= self.vocab_end)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        mask = self.out_of_range(input_ids)
+        local_ids = (input_ids - self.vocab_start).masked_fill(mask, 0)
+        partial = F.embedding(local_ids, self.weight)
+        partial = partial.masked_fill(mask.unsqueeze(-1), 0.0)
+        return all_reduce_sum(partial)
+
+    def placements(self) -> dict[str, Placement]:
+        return {"weight": Shard(0)}
+
+
+class ColumnParallelConv1D(Conv1D):
+    """HF Conv1D (weight [in, out]) holding a column block of each of `blocks` fused output blocks.
+
+    GPT-2's c_attn has blocks=3: the local weight is [q_r | k_r | v_r].
+    """
+
+    def __init__(self, nf: int, nx: int, num_chunks: int, *, blocks: int = 1) -> None:
+        super().__init__(divide(nf, num_chunks * blocks, "output features") * blocks, nx)
+        self.blocks = blocks
+
+    def placements(self) -> dict[str, Placement]:
+        return {"weight": Shard(1, blocks=self.blocks), "bias": Shard(0, blocks=self.blocks)}
+
+
+class RowParallelConv1D(Conv1D):
+    """HF Conv1D (weight [in, out]) holding a row block of the weight; the replicated bias is added after the sum."""
+
+    def __init__(self, nf: int, nx: int, num_chunks: int) -> None:
+        super().__init__(nf, divide(nx, num_chunks, "input features"))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        size_out = x.size()[:-1] + (self.nf,)
+        output = all_reduce_sum(torch.mm(x.view(-1, x.size(-1)), self.weight))
+        return (output + self.bias).view(size_out)
+
+    def placements(self) -> dict[str, Placement]:
+        return {"weight": Shard(0), "bias": Replicate()}

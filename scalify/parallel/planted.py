@@ -1,0 +1,120 @@
+"""Planted bugs: small variants of the correct layers, each a classic tensor-parallel mistake.
+
+The line that does the wrong thing carries `# planted: <name>`; a verifier should point at it.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.models.llama.modeling_llama import repeat_kv
+
+from scalify.parallel.gpt2 import GPT2Parts, ParallelGPT2Attention
+from scalify.parallel.layers import (
+    ColumnParallelLinear,
+    RowParallelConv1D,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    all_reduce_sum,
+    divide,
+)
+from scalify.parallel.llama import LlamaParts, ParallelLlamaAttention
+from scalify.placements import Placement, Shard
+
+PLANTED_BUGS: dict[str, str] = {
+    "missing-allreduce": "llama o_proj returns its partial sum without the all_reduce",
+    "global-heads-reshape": "gpt2 attention splits local q/k/v into the global number of heads",
+    "bias-before-allreduce": "gpt2 attention c_proj adds its bias on every rank before the all_reduce",
+    "column-wrong-dim": "llama q_proj holds the dim-1 shard of the weight and computes x @ weight",
+    "vocab-mask-off-by-one": "vocab-parallel embedding keeps token id `end`, which belongs to the next rank",
+    "softmax-wrong-dim": "llama attention softmax over dim 1 (the sharded heads) instead of the keys",
+    "double-allreduce": "llama MLP down_proj all_reduces its output twice",
+    "gqa-wrong-kv-head": "llama with fewer kv heads than ranks gives rank r kv head r % kv_heads",
+}
+
+
+class RowLinearWithoutAllReduce(RowParallelLinear):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)  # planted: missing-allreduce
+
+
+class GlobalHeadsGPT2Attention(ParallelGPT2Attention):
+    def head_shape(self, states: torch.Tensor) -> tuple[int, ...]:
+        return (*states.shape[:-1], self.num_heads_global, -1)  # planted: global-heads-reshape
+
+
+class BiasBeforeAllReduceConv1D(RowParallelConv1D):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        size_out = x.size()[:-1] + (self.nf,)
+        partial = torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight)  # planted: bias-before-allreduce
+        return all_reduce_sum(partial).view(size_out)
+
+
+class TransposedColumnLinear(ColumnParallelLinear):
+    """Holds weight[:, chunk] ([in, out/n], Conv1D layout) where nn.Linear's weight[chunk, :] belongs."""
+
+    def __init__(self, in_features: int, out_features: int, num_chunks: int, *, bias: bool = False) -> None:
+        super().__init__(in_features, out_features, num_chunks, bias=bias)
+        self.weight = nn.Parameter(torch.empty(in_features, divide(out_features, num_chunks, "output features")))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.weight  # planted: column-wrong-dim
+
+    def placements(self) -> dict[str, Placement]:
+        return {"weight": Shard(1), "bias": Shard(0)}
+
+
+class OffByOneVocabEmbedding(VocabParallelEmbedding):
+    def out_of_range(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return (input_ids < self.vocab_start) | (input_ids > self.vocab_end)  # planted: vocab-mask-off-by-one
+
+
+def softmax_over_heads_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Llama's eager attention with the softmax taken over the heads dim."""
+    key_states = repeat_kv(key, module.num_key_value_groups)
+    value_states = repeat_kv(value, module.num_key_value_groups)
+    attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        attn_weights = attn_weights + attention_mask
+    attn_weights = F.softmax(attn_weights, dim=1, dtype=torch.float32).to(query.dtype)  # planted: softmax-wrong-dim
+    attn_weights = F.dropout(attn_weights, p=dropout, training=module.training)
+    attn_output = torch.matmul(attn_weights, value_states)
+    attn_output = attn_output.transpose(1, 2).contiguous()
+    return attn_output, attn_weights
+
+
+class SoftmaxOverHeadsAttention(ParallelLlamaAttention):
+    attention_function = staticmethod(softmax_over_heads_attention)
+
+
+class DoubleAllReduceRowLinear(RowParallelLinear):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return all_reduce_sum(super().forward(x))  # planted: double-allreduce
+
+
+def kv_head_of_rank_modulo(rank: int, world_size: int, kv_heads: int) -> int:
+    return rank % kv_heads  # planted: gqa-wrong-kv-head
+
+
+PLANTED_PARTS: dict[str, dict[str, LlamaParts | GPT2Parts]] = {
+    "missing-allreduce": {"llama": LlamaParts(o_proj=RowLinearWithoutAllReduce)},
+    "global-heads-reshape": {"gpt2": GPT2Parts(attention=GlobalHeadsGPT2Attention)},
+    "bias-before-allreduce": {"gpt2": GPT2Parts(attn_c_proj=BiasBeforeAllReduceConv1D)},
+    "column-wrong-dim": {"llama": LlamaParts(q_proj=TransposedColumnLinear)},
+    "vocab-mask-off-by-one": {
+        "llama": LlamaParts(embedding=OffByOneVocabEmbedding),
+        "gpt2": GPT2Parts(embedding=OffByOneVocabEmbedding),
+    },
+    "softmax-wrong-dim": {"llama": LlamaParts(attention=SoftmaxOverHeadsAttention)},
+    "double-allreduce": {"llama": LlamaParts(down_proj=DoubleAllReduceRowLinear)},
+    "gqa-wrong-kv-head": {"llama": LlamaParts(kv_head_of_rank=kv_head_of_rank_modulo)},
+}
+"""For each bug, the parts that plant it, per model family it applies to."""

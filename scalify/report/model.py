@@ -1,0 +1,48 @@
+"""The result of a run: verdict, discrepancies with their source lines, statistics and timings."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..ir.graph import SourceLoc
+
+
+@dataclass
+class Discrepancy:
+    """A reference op whose output has no relation to the ranks' tensors (or not the expected one)."""
+
+    ref_op: str
+    ref_node: str
+    module: str
+    ref_source: SourceLoc
+    dist_source: SourceLoc
+    found: str
+    expected: str
+    hint: str
+    inputs: list[str] = field(default_factory=list)
+    nearby: list[SourceLoc] = field(default_factory=list)
+
+    @property
+    def location(self) -> str:
+        return str(self.dist_source)
+
+    def lines(self) -> set[tuple[str, int]]:
+        """Every distributed source line the discrepancy names (primary first in `nearby`)."""
+        return {(loc.file, loc.line) for loc in [self.dist_source, *self.nearby]}
+
+
+@dataclass
+class Report:
+    """What `scalify.verify` returns."""
+
+    name: str
+    verified: bool
+    verdict: str  # "verified", "discrepancy" or "unknown"
+    discrepancies: list[Discrepancy] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    stats: dict[str, Any] = field(default_factory=dict)
+    numeric: dict[str, Any] | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,75 @@
+"""Encodes one IR node, given its arguments' egglog terms, as an egglog term."""
+from __future__ import annotations
+
+from ..ir.graph import Node
+from ..ir.ops import OPS, UNARY, BINARY
+from ..rules.terms import op_key, render
+
+_INT_COMPARISONS = {"lt_scalar": "lt", "le_scalar": "le", "gt_scalar": "gt", "ge_scalar": "ge",
+                    "eq_scalar": "eq", "ne_scalar": "ne"}
+_PLAIN = {"where": "where3", "embedding": "embedding"}
+
+
+def _attrs(node: Node, *skip: str) -> dict:
+    return {k: v for k, v in node.attrs if k not in skip}
+
+
+def _nest(head: str, args: list[str], tail: str = "") -> str:
+    result = args[-1]
+    for arg in reversed(args[:-1]):
+        result = f"({head} {arg} {result}{tail})"
+    return result
+
+
+def _concat_chain(args: list[str], sizes: list[int], dim: int) -> str:
+    result, rest = args[-1], sizes[-1]
+    for arg, size in zip(reversed(args[:-1]), reversed(sizes[:-1])):
+        result = f"(concat {arg} {result} {dim} {size} {rest})"
+        rest += size
+    return result
+
+
+def encode(node: Node, args: list[str], arg_shapes: list[tuple[int, ...]]) -> str:
+    """The egglog term for `node` applied to the terms `args` (whose shapes are `arg_shapes`)."""
+    op, attrs = node.op, dict(node.attrs)
+    trait = OPS[op].trait
+    if op in _INT_COMPARISONS and isinstance(attrs["value"], int):
+        return f'(cmp_int "{_INT_COMPARISONS[op]}" {args[0]} {attrs["value"]})'
+    if op == "add_scalar" and isinstance(attrs["value"], int):
+        return f"(add_int {args[0]} {attrs['value']})"
+    if op == "masked_fill":
+        return f"(masked_fill {args[0]} {args[1]} {render(repr(attrs['value']))})"
+    if trait == UNARY:
+        return f"(unary {render(op_key(op, attrs))} {args[0]})"
+    if trait == BINARY:
+        return f"(binary {render(op_key(op, attrs))} {args[0]} {args[1]})"
+    if op in _PLAIN:
+        return f"({_PLAIN[op]} {' '.join(args)})"
+    if op in ("sum", "amax"):
+        return f'(reduce "{op}" {args[0]} {attrs["dim"]})'
+    if op in ("softmax", "log_softmax"):
+        return f'(softmax "{op}" {args[0]} {attrs["dim"]})'
+    if op == "matmul":
+        return f"(matmul {args[0]} {args[1]} {len(node.shape)})"
+    if op in ("merge", "split"):
+        return f"({op} {args[0]} {attrs['dim']} {attrs['inner']})"
+    if op in ("unsqueeze", "squeeze"):
+        return f"({op} {args[0]} {attrs['dim']})"
+    if op == "transpose":
+        return f"(transpose {args[0]} {attrs['dim0']} {attrs['dim1']})"
+    if op == "expand":
+        return f"(expand {args[0]} {attrs['dim']} {attrs['size']})"
+    if op == "slice":
+        return f"(slice {args[0]} {attrs['dim']} {attrs['start']} {attrs['end']})"
+    if op == "concat":
+        return _concat_chain(args, [s[attrs["dim"]] for s in arg_shapes], attrs["dim"])
+    if op == "all_reduce":
+        return _nest("pmax" if attrs["reduce"] == "max" else "psum", args)
+    if op == "all_gather":
+        return _concat_chain(args, [s[0] for s in arg_shapes], 0)
+    if op == "reduce_scatter":
+        size = node.shape[0]
+        start = attrs["index"] * size
+        return f"(slice {_nest('psum', args)} 0 {start} {start + size})"
+    key = render(op_key(op, _attrs(node, "shape")))
+    return f"(opaque{len(args)} {key} {' '.join(args)})"

@@ -1,0 +1,127 @@
+"""Relations between a reference tensor and rank tensors: built from placements, and described."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import ShapeError
+from ..placements import Partial, Placement, Replicate, Shard
+from ..rules.terms import App, Term, leaves, parse
+
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Relation:
+    """`term` (over rank tensors) equals the reference value; each alias `(term, name)` says
+    that rank tensor `name` also equals `term` (replicas)."""
+
+    term: str
+    aliases: tuple[tuple[str, str], ...] = ()
+
+    def leaf_names(self) -> list[str]:
+        names = leaves(parse(self.term))
+        for term, name in self.aliases:
+            names += leaves(parse(term)) + [name]
+        return list(dict.fromkeys(names))
+
+
+def leaf(name: str) -> str:
+    return f'(dist "{name}")'
+
+
+def concat_terms(terms: list[str], sizes: list[int], dim: int) -> str:
+    result, rest = terms[-1], sizes[-1]
+    for term, size in zip(reversed(terms[:-1]), reversed(sizes[:-1])):
+        result = f"(concat {term} {result} {dim} {size} {rest})"
+        rest += size
+    return result
+
+
+def from_placement(target: str, placement: Placement, ref_shape: Shape,
+                   rank_names: list[str], rank_shapes: list[Shape]) -> Relation:
+    """The relation a placement states between a reference input and the ranks' inputs."""
+    world = len(rank_names)
+    if isinstance(placement, Replicate):
+        _expect_shapes(target, placement, rank_shapes, [ref_shape] * world)
+        return Relation(leaf(rank_names[0]), tuple((leaf(rank_names[0]), n) for n in rank_names[1:]))
+    if isinstance(placement, Partial):
+        _expect_shapes(target, placement, rank_shapes, [ref_shape] * world)
+        head = "pmax" if placement.op == "max" else "psum"
+        term = leaf(rank_names[-1])
+        for name in reversed(rank_names[:-1]):
+            term = f"({head} {leaf(name)} {term})"
+        return Relation(term)
+    assert isinstance(placement, Shard)
+    return _shard_relation(target, placement, ref_shape, rank_names, rank_shapes)
+
+
+def _shard_relation(target: str, placement: Shard, ref_shape: Shape, rank_names: list[str],
+                    rank_shapes: list[Shape]) -> Relation:
+    dim = placement.dim % len(ref_shape)
+    chunks = placement.chunks(len(rank_names))
+    if len(chunks) != len(rank_names) or sorted(set(chunks)) != list(range(max(chunks) + 1)):
+        raise ShapeError(f"{target}: {placement} must give every rank a chunk and use chunks 0..k")
+    count, blocks = max(chunks) + 1, placement.blocks
+    if ref_shape[dim] % (count * blocks):
+        raise ShapeError(f"{target}: dim {dim} of size {ref_shape[dim]} does not split into "
+                         f"{count * blocks} equal pieces for {placement}")
+    piece = ref_shape[dim] // (count * blocks)
+    local = tuple(piece * blocks if d == dim else s for d, s in enumerate(ref_shape))
+    _expect_shapes(target, placement, rank_shapes, [local] * len(rank_names))
+    holder = {chunk: rank_names[chunks.index(chunk)] for chunk in range(count)}
+    if blocks == 1:
+        terms = [leaf(holder[c]) for c in range(count)]
+    else:
+        terms = [f"(slice {leaf(holder[c])} {dim} {b * piece} {(b + 1) * piece})"
+                 for b in range(blocks) for c in range(count)]
+    aliases = tuple((leaf(holder[c]), name) for name, c in zip(rank_names, chunks)
+                    if name != holder[c])
+    return Relation(concat_terms(terms, [piece] * len(terms), dim), aliases)
+
+
+def _expect_shapes(target: str, placement: Placement, got: list[Shape], want: list[Shape]) -> None:
+    for rank, (g, w) in enumerate(zip(got, want)):
+        if tuple(g) != tuple(w):
+            raise ShapeError(f"{target}: rank {rank} holds shape {list(g)} but {placement} of the "
+                             f"reference shape implies {list(w)}")
+
+
+def expected_output(placement: Placement, rank_outputs: list[str],
+                    rank_shapes: list[Shape]) -> list[str]:
+    """Terms the reference output must equal for `placement` (one per check)."""
+    if isinstance(placement, Replicate):
+        return [leaf(name) for name in rank_outputs]
+    if isinstance(placement, Partial):
+        head = "pmax" if placement.op == "max" else "psum"
+        term = leaf(rank_outputs[-1])
+        for name in reversed(rank_outputs[:-1]):
+            term = f"({head} {leaf(name)} {term})"
+        return [term]
+    assert isinstance(placement, Shard)
+    dim = placement.dim % len(rank_shapes[0])
+    return [concat_terms([leaf(n) for n in rank_outputs], [s[dim] for s in rank_shapes], dim)]
+
+
+def describe(term: Term, name_of: dict[str, str]) -> str:
+    """A short human description: a placement when the term is one, else the term itself."""
+    if isinstance(term, App):
+        names = leaves(term)
+        if term.head == "dist":
+            return f"the rank tensor {name_of.get(term.args[0], term.args[0])}"
+        if term.head == "concat" and _chain_of(term, "concat") and len(set(names)) == len(names):
+            return f"Shard({term.args[2]}) of {_rank_list(names, name_of)}"
+        if term.head == "psum" and _chain_of(term, "psum"):
+            return f"Partial(sum) of {_rank_list(names, name_of)}"
+        inner = ", ".join(describe(a, name_of) if isinstance(a, App) else repr(a) for a in term.args)
+        return f"{term.head}({inner})"
+    return repr(term)
+
+
+def _chain_of(term: App, head: str) -> bool:
+    return all(not isinstance(a, App) or a.head == "dist" or (a.head == head and _chain_of(a, head))
+               for a in term.args)
+
+
+def _rank_list(names: list[str], name_of: dict[str, str]) -> str:
+    described = [name_of.get(n, n) for n in names]
+    return "[" + ", ".join(described[:3]) + (", ..." if len(described) > 3 else "") + "]"

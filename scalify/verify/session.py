@@ -1,0 +1,95 @@
+"""A warm egglog e-graph holding the rules; runs one window program at a time, memoized by its text."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from egglog import bindings
+
+from ..rules import prelude
+
+_LEAF = re.compile(r'\(dist "([^"]+)"\)')
+_SAME = re.compile(r'\(same "([^"]+)"\)')
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What saturation found for `$y`: the cheapest term and the rank tensors equal to it."""
+
+    term: str
+    same: tuple[str, ...]
+
+
+def canonicalize(program: str) -> tuple[str, list[str]]:
+    """Rename rank tensors to v0, v1, ... in order of appearance; return the text and the names."""
+    names: dict[str, str] = {}
+
+    def rename(match: re.Match) -> str:
+        return f'(dist "v{names.setdefault(match.group(1), str(len(names)))}")'
+
+    text = _LEAF.sub(rename, program)
+    return text, list(names)
+
+
+def _restore(text: str, names: list[str]) -> str:
+    return _LEAF.sub(lambda m: f'(dist "{names[int(m.group(1)[1:])]}")', text)
+
+
+class EgglogSession:
+    """Windows share one e-graph with the prelude loaded; each runs inside push/pop."""
+
+    def __init__(self, iterations: int = 12) -> None:
+        self.iterations = iterations
+        self.memo: dict[str, Outcome] = {}
+        self.hits = 0
+        self.misses = 0
+        self._egraph = self._fresh()
+
+    @staticmethod
+    def _fresh() -> bindings.EGraph:
+        egraph = bindings.EGraph()
+        egraph.run_program(*egraph.parse_program(prelude()))
+        return egraph
+
+    def saturate(self, program: str) -> Outcome:
+        """Run a window (which binds `$y`) and extract `$y`; identical windows are looked up."""
+        canonical, names = canonicalize(program)
+        outcome = self.memo.get(canonical)
+        if outcome is None:
+            self.misses += 1
+            outcome = self._run(canonical)
+            self.memo[canonical] = outcome
+        else:
+            self.hits += 1
+        return Outcome(_restore(outcome.term, names),
+                       tuple(names[int(n[1:])] for n in outcome.same))
+
+    def holds(self, program: str, equalities: list[str]) -> bool:
+        """Whether `$y` equals every term in `equalities` after saturating `program`."""
+        checks = "\n".join(f"(check (= $y {term}))" for term in equalities)
+        try:
+            self._execute(f"{program}\n{self._schedule()}\n{checks}")
+        except Exception:  # egglog reports a failed check as an error
+            return False
+        return True
+
+    def _schedule(self) -> str:
+        return f"(run-schedule (repeat {self.iterations} (run lemmas)))"
+
+    def _run(self, program: str) -> Outcome:
+        outputs = self._execute(f"{program}\n{self._schedule()}\n(extract $y)\n(target $y)\n"
+                                "(run probe 1)\n(print-function same 1000000)")
+        term = next(str(o) for o in outputs if type(o).__name__ == "ExtractBest").strip()
+        same = tuple(_SAME.findall(str(outputs[-1])))
+        return Outcome(term, tuple(dict.fromkeys(same)))
+
+    def _execute(self, program: str) -> list:
+        egraph = self._egraph
+        egraph.run_program(*egraph.parse_program("(push)"))
+        try:
+            return egraph.run_program(*egraph.parse_program(program))
+        finally:
+            try:
+                egraph.run_program(*egraph.parse_program("(pop)"))
+            except Exception:
+                self._egraph = self._fresh()

@@ -1,0 +1,262 @@
+"""Relation inference: walk the reference graph and, per op, find its relation to the rank tensors.
+
+For each reference op a small egglog window holds the op applied to its inputs' relations and
+the nearby distributed ops (same layer, a few hops downstream of the inputs' rank tensors);
+saturation plus extraction gives a term over rank tensors, which is carried forward. An op with
+no such term is a discrepancy; at the end each output must equal its expected relation.
+"""
+from __future__ import annotations
+
+import re
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..errors import ShapeError
+from ..ir.distributed import DistributedGraph, constant_keys
+from ..ir.graph import Graph, Node, SourceLoc
+from ..ir.ops import OPS
+from ..placements import Placement, Replicate
+from ..report.model import Discrepancy
+from ..rules.families import LINEAR_UNARY_OPS
+from ..rules.terms import App, is_relational, leaves, op_key, parse, render
+from .encode import encode
+from .relations import Relation, describe, expected_output, from_placement, leaf
+from .session import EgglogSession
+
+_LAYER = re.compile(r"^(.*?\.\d+)(\.|$)")
+
+
+def region_of(module: str) -> str:
+    """The layer a module path belongs to (`model.layers.3`), or "" outside numbered layers."""
+    match = _LAYER.match(module)
+    return match.group(1) if match else ""
+
+
+@dataclass
+class VerifyOptions:
+    window_depth: int = 4
+    max_window_nodes: int = 256
+    backward_depth: int = 3
+    iterations: int = 12  # plus 4 per rank: nested concats unfold one level per iteration
+
+
+@dataclass
+class Verification:
+    discrepancies: list[Discrepancy] = field(default_factory=list)
+    windows: int = 0
+    blocked: int = 0
+    memo_hits: int = 0
+    memo_misses: int = 0
+    relations: dict[str, Relation | None] = field(default_factory=dict)
+
+
+class Verifier:
+    """Infers relations for one reference graph against one distributed graph."""
+
+    def __init__(self, ref: Graph, dist: DistributedGraph, options: VerifyOptions,
+                 session: EgglogSession | None = None) -> None:
+        self.ref, self.dist, self.options = ref, dist, options
+        self.session = session or EgglogSession(options.iterations + 4 * dist.world_size)
+        self.users = dist.graph.users()
+        self.dist_const = constant_keys(dist.graph)
+        self.ref_const = constant_keys(ref)
+        self.region = {n.name: region_of(n.source.module) for n in dist.graph}
+        self.labels = {n.name: _label(n, dist.rank_of(n.name)) for n in dist.graph}
+
+    # Entry point.
+
+    def run(self, placements: dict[str, Placement], output_placements: list[Placement],
+            progress: Callable[[int, int], None] = lambda done, total: None) -> Verification:
+        result = Verification()
+        relations = result.relations
+        total = len(self.ref.nodes)
+        for index, node in enumerate(self.ref):
+            if node.op == "placeholder":
+                relations[node.name] = self._input_relation(node, placements)
+            elif node.name in self.ref_const:
+                relations[node.name] = Relation(f'(const "{self.ref_const[node.name]}")')
+            elif any(relations[i] is None for i in node.inputs):
+                relations[node.name] = None
+                result.blocked += 1
+            else:
+                relations[node.name] = self._infer(node, relations, result)
+            progress(index + 1, total)
+        self._check_outputs(output_placements, relations, result)
+        result.memo_hits, result.memo_misses = self.session.hits, self.session.misses
+        return result
+
+    # Inputs.
+
+    def _input_relation(self, node: Node, placements: dict[str, Placement]) -> Relation:
+        target = node.attr("target")
+        names = []
+        for rank in range(self.dist.world_size):
+            name = f"r{rank}/{target}"
+            if name not in self.dist.graph:
+                raise ShapeError(f"{target}: rank {rank}'s program has no input of that name")
+            names.append(name)
+        shapes = [self.dist.graph[n].shape for n in names]
+        return from_placement(target, placements.get(target, Replicate()), node.shape, names, shapes)
+
+    # One reference op.
+
+    def _infer(self, node: Node, relations: dict[str, Relation | None],
+               result: Verification) -> Relation | None:
+        inputs = [relations[i] for i in node.inputs]
+        program, window = self._program(node, inputs)
+        result.windows += 1
+        outcome = self.session.saturate(program)
+        term = parse(outcome.term)
+        if is_relational(term):
+            aliases = tuple((outcome.term, name) for name in outcome.same
+                            if leaf(name) != outcome.term)
+            return Relation(outcome.term, aliases + _inherited(inputs, set(leaves(term))))
+        result.discrepancies.append(self._discrepancy(node, inputs, term, window))
+        return None
+
+    def _program(self, node: Node, inputs: list[Relation]) -> tuple[str, list[str]]:
+        leaves_in = {name for r in inputs for name in r.leaf_names()}
+        window = self._window(leaves_in, region_of(node.source.module))
+        defined = self._with_dependencies(window, leaves_in,
+                                          sorted(leaves_in, key=self.dist.order.get))
+        ref_args = [r.term for r in inputs]
+        shapes = [self.ref[i].shape for i in node.inputs]
+        lines = [f"(let $y {encode(node, ref_args, shapes)})"]
+        lines += [f"(union {term} {leaf(name)})" for r in inputs for term, name in r.aliases]
+        for name in defined:
+            lines.append(f"(union {leaf(name)} {self._definition(name)})")
+        mentioned = sorted(leaves_in | set(defined) | self._arguments(defined), key=self.dist.order.get)
+        for name in mentioned:
+            for dim, size in enumerate(self.dist.graph[name].shape):
+                lines.append(f"(set (dimsize {leaf(name)} {dim}) {size})")
+        keys = {op_key(n.op, dict(n.attrs)) for n in [node, *(self.dist.graph[d] for d in defined)]
+                if n.op in LINEAR_UNARY_OPS}
+        lines += [f"(linear_unary {render(key)})" for key in sorted(keys)]
+        return "\n".join(lines), window
+
+    def _window(self, start: set[str], region: str) -> list[str]:
+        """Distributed nodes of `region` within `window_depth` hops downstream of `start`."""
+        depth = {name: 0 for name in start}
+        queue = deque(sorted(start, key=self.dist.order.get))
+        while queue:
+            name = queue.popleft()
+            if depth[name] >= self.options.window_depth:
+                continue
+            for user in self.users[name]:
+                if user in depth or user in self.dist_const or self.region[user] != region:
+                    continue
+                depth[user] = depth[name] + 1
+                queue.append(user)
+        window = sorted((n for n in depth if n not in start), key=self.dist.order.get)
+        return window[:self.options.max_window_nodes]
+
+    def _with_dependencies(self, window: list[str], known: set[str], leaves_in: list[str]) -> list[str]:
+        """The window plus the definitions of its other arguments and of the input rank
+        tensors, a few hops upstream."""
+        frontier = window + [n for n in leaves_in if n not in self.dist_const
+                             and self.dist.graph[n].op != "placeholder"]
+        defined = set(frontier)
+        for _ in range(self.options.backward_depth):
+            upstream = []
+            for name in frontier:
+                for arg in self.dist.graph[name].inputs:
+                    node = self.dist.graph[arg]
+                    if (arg in defined or arg in known or arg in self.dist_const
+                            or node.op == "placeholder"):
+                        continue
+                    defined.add(arg)
+                    upstream.append(arg)
+            frontier = upstream
+        return sorted(defined, key=self.dist.order.get)
+
+    def _arguments(self, defined: list[str]) -> set[str]:
+        return {a for name in defined for a in self.dist.graph[name].inputs
+                if a not in self.dist_const}
+
+    def _definition(self, name: str) -> str:
+        node = self.dist.graph[name]
+        args = [f'(const "{self.dist_const[a]}")' if a in self.dist_const else leaf(a)
+                for a in node.inputs]
+        return encode(node, args, [self.dist.graph[a].shape for a in node.inputs])
+
+    # Outputs.
+
+    def _check_outputs(self, placements: list[Placement], relations: dict[str, Relation | None],
+                       result: Verification) -> None:
+        for position, (output, placement) in enumerate(zip(self.ref.outputs, placements)):
+            relation = relations[output]
+            if relation is None:
+                continue
+            rank_outputs = [outs[position] for outs in self.dist.rank_outputs]
+            shapes = [self.dist.graph[n].shape for n in rank_outputs]
+            expected = expected_output(placement, rank_outputs, shapes)
+            program = "\n".join([f"(let $y {relation.term})"] +
+                                [f"(union {t} {leaf(n)})" for t, n in relation.aliases])
+            if not self.session.holds(program, expected):
+                result.discrepancies.append(self._output_discrepancy(
+                    self.ref[output], relation, placement, rank_outputs))
+
+    # Diagnostics.
+
+    def _discrepancy(self, node: Node, inputs: list[Relation], found: App,
+                     window: list[str]) -> Discrepancy:
+        described = [describe(parse(r.term), self.labels) for r in inputs]
+        lowest = [n for n in window if self.dist.rank_of(n) == min(
+            (self.dist.rank_of(w) for w in window), default=0)]
+        partial = next((i for i, r in enumerate(inputs) if parse(r.term).head == "psum"), None)
+        if partial is not None:
+            producer = self.dist.graph[leaves(parse(inputs[partial].term))[0]]
+            primary = producer.source
+            hint = (f"input {partial} is a partial sum over ranks (from {producer.source}): an "
+                    f"all_reduce is missing before this {node.op}")
+        else:
+            same_op = [n for n in lowest if self.dist.graph[n].op == node.op]
+            chosen = (same_op or lowest or [None])[0]
+            primary = self.dist.graph[chosen].source if chosen else SourceLoc()
+            hint = _hint(node, found)
+        nearby = list(dict.fromkeys(self.dist.graph[n].source for n in lowest))[:10]
+        return Discrepancy(node.op, node.name, node.source.module, node.source, primary,
+                           found=describe(found, self.labels),
+                           expected="a relation to the ranks' tensors (Replicate, Shard or Partial)",
+                           hint=hint, inputs=described, nearby=nearby)
+
+    def _output_discrepancy(self, node: Node, relation: Relation, placement: Placement,
+                            rank_outputs: list[str]) -> Discrepancy:
+        term = parse(relation.term)
+        first = leaves(term)
+        source = self.dist.graph[first[0]].source if first else SourceLoc()
+        return Discrepancy(
+            "output", node.name, node.source.module, node.source, source,
+            found=describe(term, self.labels), expected=f"{placement} of the rank outputs",
+            hint=f"the output relates to the ranks as {describe(term, self.labels)}, not as "
+                 f"{placement}: check the last collective before the output",
+            nearby=[self.dist.graph[n].source for n in rank_outputs[:1]])
+
+
+def _inherited(inputs: list[Relation], mentioned: set[str]) -> tuple[tuple[str, str], ...]:
+    """The inputs' replica facts about rank tensors that a new relation term still mentions."""
+    kept = []
+    for relation in inputs:
+        for term, name in relation.aliases:
+            if name in mentioned or mentioned.intersection(leaves(parse(term))):
+                kept.append((term, name))
+    return tuple(dict.fromkeys(kept))
+
+
+def _label(node: Node, rank: int) -> str:
+    where = f"{node.source.module or 'top'}" + (f" @ {node.source}" if node.source.file else "")
+    return f"rank {rank} {node.op} ({where})"
+
+
+def _hint(node: Node, found: App) -> str:
+    trait = OPS[node.op].trait
+    if trait in ("reduce", "softmax") and isinstance(found.args[1], App) \
+            and found.args[1].head == "concat" and found.args[1].args[2] == found.args[2]:
+        return (f"{node.op} over dim {found.args[2]}, which is sharded across ranks, with no "
+                "reduction across ranks")
+    if trait == "movement":
+        return ("the ranks move data differently from the reference here (a global size used on "
+                "a local shard, or a wrong dim)")
+    return ("no rank computes this value from its inputs' relations; compare the reference line "
+            "with the distributed lines listed")

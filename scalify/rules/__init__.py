@@ -21,5 +21,5 @@ def prelude() -> str:
                       for member in sorted(members))
     rules = "\n".join(rule.egglog(RULESET) for rule in all_rules())
     probe = "(rule ((target t) (= t (dist n))) ((same n)) :ruleset probe)"
-    return "\n".join([DECLARATIONS, relations, f"(ruleset {RULESET})", "(ruleset probe)", facts,
+    return "\n".join([DECLARATIONS, relations, f"(ruleset {RULESET})", "(ruleset probe)", "(ruleset window)", facts,
                       rules, *movement.FACT_RULES, probe])

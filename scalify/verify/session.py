@@ -35,6 +35,14 @@ def _restore(text: str, names: list[str]) -> str:
     return _LEAF.sub(lambda m: f'(dist "{names[int(m.group(1)[1:])]}")', text)
 
 
+def _batched(program: str) -> str:
+    """Load a window's facts as one query-less rule: one command instead of one per fact."""
+    first, _, facts = program.partition("\n")
+    if not facts:
+        return first
+    return f"{first}\n(rule () ({facts}) :ruleset window)\n(run window 1)"
+
+
 class EgglogSession:
     """Windows share one e-graph with the prelude loaded; each runs inside push/pop."""
 
@@ -68,7 +76,7 @@ class EgglogSession:
         """Whether `$y` equals every term in `equalities` after saturating `program`."""
         checks = "\n".join(f"(check (= $y {term}))" for term in equalities)
         try:
-            self._execute(f"{program}\n{self._schedule()}\n{checks}")
+            self._execute(f"{_batched(program)}\n{self._schedule()}\n{checks}")
         except Exception:  # egglog reports a failed check as an error
             return False
         return True
@@ -77,7 +85,7 @@ class EgglogSession:
         return f"(run-schedule (repeat {self.iterations} (run lemmas)))"
 
     def _run(self, program: str) -> Outcome:
-        outputs = self._execute(f"{program}\n{self._schedule()}\n(extract $y)\n(target $y)\n"
+        outputs = self._execute(f"{_batched(program)}\n{self._schedule()}\n(extract $y)\n(target $y)\n"
                                 "(run probe 1)\n(print-function same 1000000)")
         term = next(str(o) for o in outputs if type(o).__name__ == "ExtractBest").strip()
         same = tuple(_SAME.findall(str(outputs[-1])))

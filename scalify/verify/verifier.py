@@ -117,7 +117,9 @@ class Verifier:
 
     def _program(self, node: Node, inputs: list[Relation]) -> tuple[str, list[str]]:
         leaves_in = {name for r in inputs for name in r.leaf_names()}
-        window = self._window(leaves_in, region_of(node.source.module))
+        replicated = all(parse(r.term).head in ("dist", "const") for r in inputs)
+        depth = 1 if replicated else self.options.window_depth
+        window = self._window(leaves_in, region_of(node.source.module), depth)
         defined = self._with_dependencies(window, leaves_in,
                                           sorted(leaves_in, key=self.dist.order.get))
         ref_args = [r.term for r in inputs]
@@ -135,13 +137,17 @@ class Verifier:
         lines += [f"(linear_unary {render(key)})" for key in sorted(keys)]
         return "\n".join(lines), window
 
-    def _window(self, start: set[str], region: str) -> list[str]:
-        """Distributed nodes of `region` within `window_depth` hops downstream of `start`."""
+    def _window(self, start: set[str], region: str, max_depth: int) -> list[str]:
+        """Distributed nodes of `region` within `max_depth` hops downstream of `start`.
+
+        Ops on replicated inputs have their counterparts one hop away on every rank; ops on
+        sharded or partial inputs look further, past collectives.
+        """
         depth = {name: 0 for name in start}
         queue = deque(sorted(start, key=self.dist.order.get))
         while queue:
             name = queue.popleft()
-            if depth[name] >= self.options.window_depth:
+            if depth[name] >= max_depth:
                 continue
             for user in self.users[name]:
                 if user in depth or user in self.dist_const or self.region[user] != region:

@@ -1,0 +1,140 @@
+"""The public entry points: verify an experiment config, or modules a user brings."""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from .capture.ranks import capture_ranks
+from .capture.tracer import capture
+from .config import Experiment, load_experiment
+from .ir.distributed import merge_ranks
+from .placements import Placement, Replicate, Shard
+from .report.model import Report
+from .verify.numeric import cross_check
+from .verify.verifier import Verifier, VerifyOptions
+
+Progress = Callable[[str, int, int], None]
+
+
+def _quiet(stage: str, done: int, total: int) -> None:
+    return None
+
+
+def verify_modules(reference: nn.Module, rank_module_factory: Callable[[int], nn.Module],
+                   world_size: int, example_inputs: dict[str, torch.Tensor] | tuple,
+                   param_placements: dict[str, Placement] | None = None,
+                   input_placements: dict[str, Placement] | None = None,
+                   output_placements: list[Placement] | None = None, *, numeric: bool = False,
+                   name: str = "modules", progress: Progress = _quiet,
+                   options: VerifyOptions | None = None) -> Report:
+    """Prove that `rank_module_factory(r)` for r < world_size computes what `reference` computes.
+
+    `example_inputs` are reference-shaped tensors (meta, fake or real) passed to both forwards
+    as keyword arguments (a tuple is named arg0, arg1, ...); `param_placements` maps reference
+    parameter/buffer names to placements (unlisted: Replicate); outputs default to Replicate.
+    """
+    inputs = _named(example_inputs)
+    input_placements = input_placements or {}
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
+    ref_graph = capture(reference, lambda: _call(reference, inputs), inputs)
+    rank_graphs = capture_ranks(
+        rank_module_factory, world_size, lambda r: _local_inputs(inputs, input_placements, r, world_size),
+        _call, lambda r: progress("capture", r + 1, world_size))
+    timings["capture_s"] = time.perf_counter() - start
+    start = time.perf_counter()
+    dist = merge_ranks(rank_graphs)
+    placements = {**(param_placements or {}), **input_placements}
+    outputs = output_placements or [Replicate()] * len(ref_graph.outputs)
+    timings["lowering_s"] = time.perf_counter() - start
+    start = time.perf_counter()
+    verifier = Verifier(ref_graph, dist, options or VerifyOptions())
+    result = verifier.run(placements, outputs,
+                          lambda done, total: progress("verify", done, total))
+    timings["verify_s"] = time.perf_counter() - start
+    numeric_result = None
+    if numeric:
+        start = time.perf_counter()
+        numeric_result = cross_check(ref_graph, dist, placements, outputs)
+        timings["numeric_s"] = time.perf_counter() - start
+    timings["total_s"] = sum(timings.values())
+    verified = not result.discrepancies
+    stats = {"world_size": world_size, "reference_nodes": len(ref_graph),
+             "distributed_nodes": len(dist.graph), "windows": result.windows,
+             "memo_hits": result.memo_hits, "memo_misses": result.memo_misses,
+             "blocked_ops": result.blocked}
+    return Report(name, verified, "verified" if verified else "discrepancy", result.discrepancies,
+                  timings, stats, numeric_result)
+
+
+def verify(config: str | os.PathLike | dict | Experiment, *, numeric: bool | None = None,
+           progress: Progress = _quiet) -> Report:
+    """Verify the experiment a YAML file (or dict, or loaded Experiment) describes."""
+    from .models import build_reference, example_inputs, make_hf_config
+    from .parallel import build_rank_model, param_placements
+
+    experiment = config if isinstance(config, Experiment) else load_experiment(config)
+    model, plan = experiment.model, experiment.plan
+    hf_config = make_hf_config(model.family, model.config)
+    reference = build_reference(model.family, hf_config)
+    world = experiment.world_size()
+    placements = param_placements(model.family, hf_config, world, planted_bug=plan.planted_bug)
+    logits = Replicate() if plan.logits == "gathered" else Shard(-1)
+    report = verify_modules(
+        _LogitsOnly(reference),
+        lambda rank: build_rank_model(model.family, hf_config, rank, world, logits=plan.logits,
+                                      planted_bug=plan.planted_bug),
+        world, example_inputs(model.family, experiment.inputs.batch, experiment.inputs.seq),
+        placements, output_placements=[logits],
+        numeric=experiment.verify.numeric if numeric is None else numeric, name=experiment.name,
+        progress=progress, options=VerifyOptions(window_depth=experiment.verify.window_depth))
+    report.config = experiment.to_dict()
+    return report
+
+
+class _LogitsOnly(nn.Module):
+    """A HuggingFace causal LM whose forward returns just the logits tensor."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def named_parameters(self, *args: Any, **kwargs: Any):  # keep HF names (no "model." prefix)
+        return self.model.named_parameters(*args, **kwargs)
+
+    def named_buffers(self, *args: Any, **kwargs: Any):
+        return self.model.named_buffers(*args, **kwargs)
+
+    def named_modules(self, *args: Any, **kwargs: Any):
+        return self.model.named_modules(*args, **kwargs)
+
+    def forward(self, **inputs: torch.Tensor) -> torch.Tensor:
+        return self.model(**inputs, use_cache=False).logits
+
+
+def _named(example_inputs: dict[str, torch.Tensor] | tuple) -> dict[str, torch.Tensor]:
+    if isinstance(example_inputs, dict):
+        return dict(example_inputs)
+    return {f"arg{i}": t for i, t in enumerate(example_inputs)}
+
+
+def _call(module: nn.Module, inputs: dict[str, torch.Tensor]) -> Any:
+    if all(name.startswith("arg") for name in inputs):
+        return module(*inputs.values())
+    return module(**inputs)
+
+
+def _local_inputs(inputs: dict[str, torch.Tensor], placements: dict[str, Placement], rank: int,
+                  world_size: int) -> dict[str, torch.Tensor]:
+    """Each rank's view of the inputs: whole, or its chunk for Shard placements."""
+    local = {}
+    for name, tensor in inputs.items():
+        placement = placements.get(name, Replicate())
+        if isinstance(placement, Shard):
+            tensor = torch.chunk(tensor, world_size, placement.dim)[placement.chunks(world_size)[rank]]
+        local[name] = tensor.clone() if not tensor.is_meta else torch.empty_like(tensor)
+    return local

@@ -1,0 +1,65 @@
+"""Command line: `scalify verify CONFIG [--json FILE] [--html FILE] [--numeric]`.
+
+Exit codes: 0 verified, 1 discrepancy (or a numeric cross-check that disagrees), 2 bad input.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from .errors import ScalifyError
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="scalify", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    verify = commands.add_parser("verify", help="verify an experiment config")
+    verify.add_argument("config", help="experiment YAML file")
+    verify.add_argument("--json", help="write the JSON report here")
+    verify.add_argument("--html", help="write the HTML report here")
+    verify.add_argument("--numeric", action="store_true",
+                        help="also run the captured graphs on random inputs and compare")
+    return parser
+
+
+def _verify(args: argparse.Namespace, console: Console) -> int:
+    from .api import verify
+    from .report.render import print_summary, to_html, to_json
+
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+               TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as bars:
+        tasks: dict[str, int] = {}
+
+        def progress(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = bars.add_task(stage, total=total)
+            bars.update(tasks[stage], completed=done)
+
+        report = verify(args.config, numeric=args.numeric or None, progress=progress)
+    print_summary(report, console)
+    if args.json:
+        to_json(report, args.json)
+    if args.html:
+        to_html(report, args.html)
+    numeric_ok = report.numeric is None or report.numeric["agrees"] == report.verified
+    if not numeric_ok:
+        console.print("[bold red]the numeric cross-check disagrees with the verdict[/]")
+    return 0 if report.verified and numeric_ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    console = Console(stderr=False)
+    try:
+        return _verify(args, console)
+    except ScalifyError as error:
+        print(f"scalify: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

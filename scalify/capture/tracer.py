@@ -57,7 +57,18 @@ class SourceTracker:
             self._lines[key] = (frame.f_code.co_filename, frame.f_lineno,
                                 linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip())
         filename, line, code = self._lines[key]
-        return SourceLoc(filename, line, code, module)
+        return SourceLoc(filename, line, code, module, _callers(frame.f_back))
+
+
+def _callers(frame: Any, count: int = 3) -> tuple[str, ...]:
+    """`file:line` of the next few user frames outward (helpers hide their call sites)."""
+    found: list[str] = []
+    while frame is not None and len(found) < count:
+        filename = frame.f_code.co_filename
+        if not (filename.startswith(_TORCH_DIR) or filename.startswith("<")):
+            found.append(f"{filename}:{frame.f_lineno}")
+        frame = frame.f_back
+    return tuple(found)
 
 
 class _Recorder(TorchDispatchMode):

@@ -7,12 +7,14 @@ from typing import Any, Iterator
 
 @dataclass(frozen=True)
 class SourceLoc:
-    """Where a node came from: file, line, the code on that line, and the module path."""
+    """Where a node came from: file, line, the code on that line, the module path, and the
+    enclosing user frames (`file:line`, innermost first) that called into that line."""
 
     file: str = ""
     line: int = 0
     code: str = ""
     module: str = ""
+    callers: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line}" if self.file else "<unknown>"

@@ -49,18 +49,15 @@ class ParallelGPT2Attention(nn.Module):
         self.attn_dropout = nn.Dropout(config.attn_pdrop)
         self.resid_dropout = nn.Dropout(config.resid_pdrop)
 
-    def head_shape(self, states: torch.Tensor) -> tuple[int, ...]:
-        """The [batch, seq, heads, head_dim] view of projected states."""
-        return (*states.shape[:-1], -1, self.head_dim)
+    def split_heads(self, states: torch.Tensor) -> torch.Tensor:
+        """The [batch, heads, seq, head_dim] view of projected states."""
+        return states.view(*states.shape[:-1], -1, self.head_dim).transpose(1, 2)
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
         query_states, key_states, value_states = self.c_attn(hidden_states).split(self.split_size, dim=2)
-        shape_kv = self.head_shape(key_states)
-        key_states = key_states.view(shape_kv).transpose(1, 2)
-        value_states = value_states.view(shape_kv).transpose(1, 2)
-
-        shape_q = self.head_shape(query_states)
-        query_states = query_states.view(shape_q).transpose(1, 2)
+        key_states = self.split_heads(key_states)
+        value_states = self.split_heads(value_states)
+        query_states = self.split_heads(query_states)
 
         attn_output, _ = eager_attention_forward(
             self,

@@ -39,8 +39,8 @@ class RowLinearWithoutAllReduce(RowParallelLinear):
 
 
 class GlobalHeadsGPT2Attention(ParallelGPT2Attention):
-    def head_shape(self, states: torch.Tensor) -> tuple[int, ...]:
-        return (*states.shape[:-1], self.num_heads_global, -1)  # planted: global-heads-reshape
+    def split_heads(self, states: torch.Tensor) -> torch.Tensor:
+        return states.view(*states.shape[:-1], self.num_heads_global, -1).transpose(1, 2)  # planted: global-heads-reshape
 
 
 class BiasBeforeAllReduceConv1D(RowParallelConv1D):

@@ -27,8 +27,14 @@ class Discrepancy:
         return str(self.dist_source)
 
     def lines(self) -> set[tuple[str, int]]:
-        """Every distributed source line the discrepancy names (primary first in `nearby`)."""
-        return {(loc.file, loc.line) for loc in [self.dist_source, *self.nearby]}
+        """Every distributed source line the discrepancy names, with the lines that called them."""
+        named = set()
+        for loc in [self.dist_source, *self.nearby]:
+            named.add((loc.file, loc.line))
+            for caller in loc.callers:
+                file, _, line = caller.rpartition(":")
+                named.add((file, int(line)))
+        return named
 
 
 @dataclass

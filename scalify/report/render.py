@@ -34,6 +34,8 @@ def print_summary(report: Report, console: Console) -> None:
         console.print(f"\n[bold red]discrepancy {number}[/]: reference {d.ref_op} in {d.module or 'top'}")
         console.print(f"  reference: {d.ref_source}  {d.ref_source.code}")
         console.print(f"  distributed: [bold]{d.dist_source}[/]  {d.dist_source.code}")
+        if d.dist_source.callers:
+            console.print(f"    called from {', '.join(d.dist_source.callers)}")
         console.print(f"  found: {d.found[:300]}")
         console.print(f"  expected: {d.expected}")
         console.print(f"  hint: {d.hint}")
@@ -46,8 +48,8 @@ def to_html(report: Report, path: str | Path) -> None:
     stats = "".join(f"<tr><td>{e(k)}</td><td>{e(str(v))}</td></tr>" for k, v in report.stats.items())
     parts = []
     for number, d in enumerate(report.discrepancies, 1):
-        nearby = "".join(f"<li><code>{e(str(loc))}</code> <pre>{e(loc.code)}</pre></li>"
-                         for loc in d.nearby)
+        nearby = "".join(f"<li><code>{e(str(loc))}</code> <pre>{e(loc.code)}</pre>"
+                         f"called from {e(', '.join(loc.callers))}</li>" for loc in d.nearby)
         inputs = "".join(f"<li>{e(text)}</li>" for text in d.inputs)
         parts.append(
             f"<section class='discrepancy'><h3>Discrepancy {number}: reference <code>{e(d.ref_op)}</code>"

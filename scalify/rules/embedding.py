@@ -26,6 +26,7 @@ def _table_shifted(gen, choice):
     return env
 
 
+
 def _masked(gen, choice):
     w, ids, s = tensor(gen, 4, 3), torch.randint(0, 10, (2, 5), generator=gen), 2
     mask = (ids < s) | (ids >= s + 4)
@@ -34,8 +35,8 @@ def _masked(gen, choice):
 
 def rules() -> list[Rule]:
     return [
-        Rule("embedding-over-rows", "(embedding (concat a b 0 na nb) ids)",
-             "(psum (embed_range a ids 0) (embed_range b ids na))", _table),
+        Rule("embedding-as-range", "(embedding w ids)", "(embed_range w ids 0)",
+             lambda gen, c: {"w": tensor(gen, 5, 4), "ids": torch.randint(0, 5, (2, 6), generator=gen)}),
         Rule("embed-range-over-rows", "(embed_range (concat a b 0 na nb) ids s)",
              "(psum (embed_range a ids s) (embed_range b ids (+ s na)))", _table_shifted),
         Rule("masked-lookup", MASKED_LOOKUP, "(embed_range w ids s)", _masked,

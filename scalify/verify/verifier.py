@@ -104,10 +104,15 @@ class Verifier:
     def _infer(self, node: Node, relations: dict[str, Relation | None],
                result: Verification) -> Relation | None:
         inputs = [relations[i] for i in node.inputs]
-        program, window = self._program(node, inputs)
-        result.windows += 1
-        outcome = self.session.saturate(program)
-        term = parse(outcome.term)
+        replicated = all(parse(r.term).head in ("dist", "const") for r in inputs)
+        depths = [1, self.options.window_depth] if replicated else [self.options.window_depth]
+        for depth in depths:  # ops on replicated inputs usually match one hop away; else widen
+            program, window = self._program(node, inputs, depth)
+            result.windows += 1
+            outcome = self.session.saturate(program)
+            term = parse(outcome.term)
+            if is_relational(term):
+                break
         if is_relational(term):
             aliases = tuple((outcome.term, name) for name in outcome.same
                             if leaf(name) != outcome.term)
@@ -115,10 +120,8 @@ class Verifier:
         result.discrepancies.append(self._discrepancy(node, inputs, term, window))
         return None
 
-    def _program(self, node: Node, inputs: list[Relation]) -> tuple[str, list[str]]:
+    def _program(self, node: Node, inputs: list[Relation], depth: int) -> tuple[str, list[str]]:
         leaves_in = {name for r in inputs for name in r.leaf_names()}
-        replicated = all(parse(r.term).head in ("dist", "const") for r in inputs)
-        depth = 1 if replicated else self.options.window_depth
         window = self._window(leaves_in, region_of(node.source.module), depth)
         defined = self._with_dependencies(window, leaves_in,
                                           sorted(leaves_in, key=self.dist.order.get))
@@ -197,8 +200,13 @@ class Verifier:
             rank_outputs = [outs[position] for outs in self.dist.rank_outputs]
             shapes = [self.dist.graph[n].shape for n in rank_outputs]
             expected = expected_output(placement, rank_outputs, shapes)
+            known = set(relation.leaf_names())
+            region = region_of(self.dist.graph[rank_outputs[0]].source.module)
+            window = self._window(known, region, self.options.window_depth)
+            defined = self._with_dependencies(window, known, sorted(known, key=self.dist.order.get))
             program = "\n".join([f"(let $y {relation.term})"] +
-                                [f"(union {t} {leaf(n)})" for t, n in relation.aliases])
+                                [f"(union {t} {leaf(n)})" for t, n in relation.aliases] +
+                                [f"(union {leaf(n)} {self._definition(n)})" for n in defined])
             if not self.session.holds(program, expected):
                 result.discrepancies.append(self._output_discrepancy(
                     self.ref[output], relation, placement, rank_outputs))

@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 
 demo: venv
 	mkdir -p reports
-	$(VENV)/bin/scalify verify configs/experiments/demo.yaml --numeric --json reports/demo.json --html reports/demo.html
+	$(VENV)/bin/scalify verify configs/experiments/demo.yaml --json reports/demo.json --html reports/demo.html
 
 test: venv
 	$(VENV)/bin/python -m pytest

@@ -25,6 +25,7 @@ from .relations import Relation, describe, expected_output, from_placement, leaf
 from .session import EgglogSession
 
 _LAYER = re.compile(r"^(.*?\.\d+)(\.|$)")
+_LEAF_NAME = re.compile(r'\(dist "([^"]+)"\)')
 
 
 def region_of(module: str) -> str:
@@ -122,17 +123,17 @@ class Verifier:
 
     def _program(self, node: Node, inputs: list[Relation], depth: int) -> tuple[str, list[str]]:
         leaves_in = {name for r in inputs for name in r.leaf_names()}
-        window = self._window(leaves_in, region_of(node.source.module), depth)
+        region = region_of(node.source.module)
+        window = self._window(leaves_in, region, depth)
         defined = self._with_dependencies(window, leaves_in,
-                                          sorted(leaves_in, key=self.dist.order.get))
+                                          sorted(leaves_in, key=self.dist.order.get), region)
         ref_args = [r.term for r in inputs]
         shapes = [self.ref[i].shape for i in node.inputs]
         lines = [f"(let $y {encode(node, ref_args, shapes)})"]
         lines += [f"(union {term} {leaf(name)})" for r in inputs for term, name in r.aliases]
         for name in defined:
             lines.append(f"(union {leaf(name)} {self._definition(name)})")
-        mentioned = sorted(leaves_in | set(defined) | self._arguments(defined), key=self.dist.order.get)
-        for name in mentioned:
+        for name in dict.fromkeys(_LEAF_NAME.findall("\n".join(lines))):  # in order of appearance
             for dim, size in enumerate(self.dist.graph[name].shape):
                 lines.append(f"(set (dimsize {leaf(name)} {dim}) {size})")
         keys = {op_key(n.op, dict(n.attrs)) for n in [node, *(self.dist.graph[d] for d in defined)]
@@ -160,11 +161,13 @@ class Verifier:
         window = sorted((n for n in depth if n not in start), key=self.dist.order.get)
         return window[:self.options.max_window_nodes]
 
-    def _with_dependencies(self, window: list[str], known: set[str], leaves_in: list[str]) -> list[str]:
+    def _with_dependencies(self, window: list[str], known: set[str], leaves_in: list[str],
+                           region: str) -> list[str]:
         """The window plus the definitions of its other arguments and of the input rank
-        tensors, a few hops upstream."""
+        tensors, a few hops upstream, within `region` (so identical layers give identical
+        windows)."""
         frontier = window + [n for n in leaves_in if n not in self.dist_const
-                             and self.dist.graph[n].op != "placeholder"]
+                             and self.dist.graph[n].op != "placeholder" and self.region[n] == region]
         defined = set(frontier)
         for _ in range(self.options.backward_depth):
             upstream = []
@@ -172,16 +175,12 @@ class Verifier:
                 for arg in self.dist.graph[name].inputs:
                     node = self.dist.graph[arg]
                     if (arg in defined or arg in known or arg in self.dist_const
-                            or node.op == "placeholder"):
+                            or node.op == "placeholder" or self.region[arg] != region):
                         continue
                     defined.add(arg)
                     upstream.append(arg)
             frontier = upstream
         return sorted(defined, key=self.dist.order.get)
-
-    def _arguments(self, defined: list[str]) -> set[str]:
-        return {a for name in defined for a in self.dist.graph[name].inputs
-                if a not in self.dist_const}
 
     def _definition(self, name: str) -> str:
         node = self.dist.graph[name]
@@ -203,7 +202,8 @@ class Verifier:
             known = set(relation.leaf_names())
             region = region_of(self.dist.graph[rank_outputs[0]].source.module)
             window = self._window(known, region, self.options.window_depth)
-            defined = self._with_dependencies(window, known, sorted(known, key=self.dist.order.get))
+            defined = self._with_dependencies(window, known, sorted(known, key=self.dist.order.get),
+                                              region)
             program = "\n".join([f"(let $y {relation.term})"] +
                                 [f"(union {t} {leaf(n)})" for t, n in relation.aliases] +
                                 [f"(union {leaf(n)} {self._definition(n)})" for n in defined])

@@ -17,7 +17,7 @@ class DistributedGraph:
     graph: Graph
     world_size: int
     rank_outputs: list[list[str]]
-    order: dict[str, int]
+    order: dict[str, tuple[int, int]]  # (rank, position in that rank's program): a canonical order
 
     def rank_of(self, name: str) -> int:
         return int(name[1:name.index("/")])
@@ -44,9 +44,11 @@ def merge_ranks(graphs: list[Graph]) -> DistributedGraph:
     merged = Graph(outputs=[qualified(r, o) for r, g in enumerate(graphs) for o in g.outputs])
     for node in _topological(graphs, nodes):
         merged.add(node)
+    order = {qualified(r, node.name): (r, i) for r, g in enumerate(graphs)
+             for i, node in enumerate(g.nodes)}
     return DistributedGraph(merged, len(graphs),
                             [[qualified(r, o) for o in g.outputs] for r, g in enumerate(graphs)],
-                            {node.name: i for i, node in enumerate(merged.nodes)})
+                            order)
 
 
 def _match_collectives(graphs: list[Graph]) -> dict[str, tuple[list[tuple[int, str]], int]]:

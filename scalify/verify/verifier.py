@@ -115,9 +115,10 @@ class Verifier:
             if is_relational(term):
                 break
         if is_relational(term):
-            aliases = tuple((outcome.term, name) for name in outcome.same
-                            if leaf(name) != outcome.term)
-            return Relation(outcome.term, aliases + _inherited(inputs, set(leaves(term))))
+            same = sorted(outcome.same, key=self.dist.order.get)
+            chosen = leaf(same[0]) if term.head == "dist" and same else outcome.term  # lowest rank
+            aliases = tuple((chosen, name) for name in same if leaf(name) != chosen)
+            return Relation(chosen, aliases + _inherited(inputs, set(leaves(parse(chosen)))))
         result.discrepancies.append(self._discrepancy(node, inputs, term, window))
         return None
 

@@ -20,6 +20,15 @@ def test_correct_tensor_parallel_verifies(model, family, tp):
     assert report.numeric["agrees"], report.numeric
 
 
+@pytest.mark.parametrize("tp", [4, 8])
+def test_grouped_query_attention_with_kv_heads_split_across_ranks(tp):
+    """16 query heads share 8 kv heads (two per kv head); every rank holds whole kv heads."""
+    config = experiment("llama-tiny-gqa", "llama", tp, num_attention_heads=16,
+                        num_key_value_heads=8)
+    report = scalify.verify(config, numeric=True)
+    assert report.verified and report.numeric["agrees"], [d.hint for d in report.discrepancies]
+
+
 def test_two_layers_reuse_window_proofs():
     report = scalify.verify(experiment("llama-tiny", "llama", 2, layers=2), numeric=True)
     assert report.verified and report.numeric["agrees"]

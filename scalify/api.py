@@ -91,7 +91,8 @@ def verify(config: str | os.PathLike | dict | Experiment, *, numeric: bool | Non
         world, example_inputs(model.family, experiment.inputs.batch, experiment.inputs.seq),
         placements, output_placements=[logits],
         numeric=experiment.verify.numeric if numeric is None else numeric, name=experiment.name,
-        progress=progress, options=VerifyOptions(window_depth=experiment.verify.window_depth))
+        progress=progress, options=VerifyOptions(window_depth=experiment.verify.window_depth,
+                                                  memo=experiment.verify.memo))
     report.config = experiment.to_dict()
     return report
 

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 def _caller_location() -> str:
     """`file:line` of the first frame outside this module (where a placement was declared)."""
     frame = sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename == __file__:
+    while frame is not None and (frame.f_code.co_filename == __file__
+                                 or frame.f_code.co_filename.startswith("<")):
         frame = frame.f_back
     return f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame else ""
 

@@ -22,13 +22,13 @@ MOVEMENT, EMBEDDING, OPAQUE, CONSTANT, PLACEHOLDER, COLLECTIVE = (
 
 @dataclass(frozen=True)
 class OpDef:
-    """An op's trait, its output shape from input shapes, and its value on real tensors."""
+    """An op's trait (which rule templates apply), its output shape from input shapes, and its
+    value on real tensors (for the interpreter and the rule tests)."""
 
     name: str
     trait: str
     shape: Callable[[list[Shape], Attrs], Shape]
     run: Callable[[list[torch.Tensor], Attrs], torch.Tensor]
-    linear_args: tuple[int, ...] = ()  # arguments the op is linear in (sum-distributive)
 
 
 def _same(shapes: list[Shape], attrs: Attrs) -> Shape:
@@ -75,7 +75,6 @@ _UNARY: dict[str, Callable[[torch.Tensor, Attrs], torch.Tensor]] = {
     "eq_scalar": lambda x, a: x == a["value"],
     "ne_scalar": lambda x, a: x != a["value"],
 }
-_UNARY_LINEAR = {"neg", "mul_scalar", "div_scalar", "cast"}
 
 _BINARY: dict[str, Callable[[torch.Tensor, torch.Tensor, Attrs], torch.Tensor]] = {
     "add": lambda x, y, a: x + y,
@@ -97,7 +96,6 @@ _BINARY: dict[str, Callable[[torch.Tensor, torch.Tensor, Attrs], torch.Tensor]] 
     "logical_or": lambda x, y, a: torch.logical_or(x, y),
     "masked_fill": lambda x, mask, a: x.masked_fill(mask, a["value"]),
 }
-_BINARY_LINEAR = {"add": (0, 1), "sub": (0, 1), "mul": (0, 1), "div": (0,)}
 
 
 def _reduce_shape(shapes: list[Shape], attrs: Attrs) -> Shape:
@@ -217,11 +215,9 @@ def _register(op: OpDef) -> None:
 
 
 for _name, _fn in _UNARY.items():
-    _register(OpDef(_name, UNARY, _same, lambda xs, a, f=_fn: f(xs[0], a),
-                    (0,) if _name in _UNARY_LINEAR else ()))
+    _register(OpDef(_name, UNARY, _same, lambda xs, a, f=_fn: f(xs[0], a)))
 for _name, _fn in _BINARY.items():
-    _register(OpDef(_name, BINARY, _equal_shapes, lambda xs, a, f=_fn: f(xs[0], xs[1], a),
-                    _BINARY_LINEAR.get(_name, ())))
+    _register(OpDef(_name, BINARY, _equal_shapes, lambda xs, a, f=_fn: f(xs[0], xs[1], a)))
 
 for _op in [
     OpDef("placeholder", PLACEHOLDER, _attr_shape, _collective),
@@ -231,21 +227,21 @@ for _op in [
     OpDef("literal", CONSTANT, _attr_shape,
           lambda xs, a: torch.tensor(a["values"], dtype=_dtype(a["dtype"])).reshape(a["shape"])),
     OpDef("where", WHERE, _equal_shapes, lambda xs, a: torch.where(xs[0], xs[1], xs[2])),
-    OpDef("sum", REDUCE, _reduce_shape, lambda xs, a: xs[0].sum(a["dim"], keepdim=True), (0,)),
+    OpDef("sum", REDUCE, _reduce_shape, lambda xs, a: xs[0].sum(a["dim"], keepdim=True)),
     OpDef("amax", REDUCE, _reduce_shape, lambda xs, a: xs[0].amax(a["dim"], keepdim=True)),
     OpDef("softmax", SOFTMAX, _same, lambda xs, a: torch.softmax(xs[0], a["dim"])),
     OpDef("log_softmax", SOFTMAX, _same, lambda xs, a: torch.log_softmax(xs[0], a["dim"])),
-    OpDef("matmul", MATMUL, _matmul_shape, lambda xs, a: torch.matmul(xs[0], xs[1]), (0, 1)),
-    OpDef("merge", MOVEMENT, _merge_shape, lambda xs, a: _merge(xs[0], a), (0,)),
-    OpDef("split", MOVEMENT, _split_shape, lambda xs, a: _split(xs[0], a), (0,)),
-    OpDef("unsqueeze", MOVEMENT, _unsqueeze_shape, lambda xs, a: xs[0].unsqueeze(a["dim"]), (0,)),
-    OpDef("squeeze", MOVEMENT, _squeeze_shape, lambda xs, a: xs[0].squeeze(a["dim"]), (0,)),
+    OpDef("matmul", MATMUL, _matmul_shape, lambda xs, a: torch.matmul(xs[0], xs[1])),
+    OpDef("merge", MOVEMENT, _merge_shape, lambda xs, a: _merge(xs[0], a)),
+    OpDef("split", MOVEMENT, _split_shape, lambda xs, a: _split(xs[0], a)),
+    OpDef("unsqueeze", MOVEMENT, _unsqueeze_shape, lambda xs, a: xs[0].unsqueeze(a["dim"])),
+    OpDef("squeeze", MOVEMENT, _squeeze_shape, lambda xs, a: xs[0].squeeze(a["dim"])),
     OpDef("transpose", MOVEMENT, _transpose_shape,
-          lambda xs, a: xs[0].transpose(a["dim0"], a["dim1"]), (0,)),
-    OpDef("expand", MOVEMENT, _expand_shape, lambda xs, a: _expand(xs[0], a), (0,)),
+          lambda xs, a: xs[0].transpose(a["dim0"], a["dim1"])),
+    OpDef("expand", MOVEMENT, _expand_shape, lambda xs, a: _expand(xs[0], a)),
     OpDef("slice", MOVEMENT, _slice_shape,
-          lambda xs, a: xs[0].narrow(a["dim"], a["start"], a["end"] - a["start"]), (0,)),
-    OpDef("concat", MOVEMENT, _concat_shape, lambda xs, a: torch.cat(xs, a["dim"]), (0, 1)),
+          lambda xs, a: xs[0].narrow(a["dim"], a["start"], a["end"] - a["start"])),
+    OpDef("concat", MOVEMENT, _concat_shape, lambda xs, a: torch.cat(xs, a["dim"])),
     OpDef("embedding", EMBEDDING, _embedding_shape, lambda xs, a: F.embedding(xs[1], xs[0])),
     OpDef("index", OPAQUE, _attr_shape, _index),
     OpDef("all_reduce", COLLECTIVE, _same, _collective),

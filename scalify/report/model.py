@@ -21,6 +21,7 @@ class Discrepancy:
     hint: str
     inputs: list[str] = field(default_factory=list)
     nearby: list[SourceLoc] = field(default_factory=list)
+    placements: list[str] = field(default_factory=list)  # sharded parameters feeding the op
 
     @property
     def location(self) -> str:

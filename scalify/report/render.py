@@ -39,6 +39,8 @@ def print_summary(report: Report, console: Console) -> None:
         console.print(f"  found: {d.found[:300]}")
         console.print(f"  expected: {d.expected}")
         console.print(f"  hint: {d.hint}")
+        for placement in d.placements:
+            console.print(f"  placement: {placement}")
 
 
 def to_html(report: Report, path: str | Path) -> None:
@@ -59,6 +61,8 @@ def to_html(report: Report, path: str | Path) -> None:
             f"<pre>{e(d.dist_source.code)}</pre></p>"
             f"<p><b>Found</b>: {e(d.found)}</p><p><b>Expected</b>: {e(d.expected)}</p>"
             f"<p><b>Hint</b>: {e(d.hint)}</p><p>Inputs:</p><ul>{inputs}</ul>"
+            f"<p>Sharded parameters feeding this op:</p>"
+            f"<ul>{''.join(f'<li>{e(p)}</li>' for p in d.placements)}</ul>"
             f"<p>Distributed lines nearby:</p><ul>{nearby}</ul></section>")
     numeric = ""
     if report.numeric is not None:

@@ -20,6 +20,6 @@ def prelude() -> str:
     facts = "\n".join(f"({name} {render(member)})" for name, members in sorted(FACTS.items())
                       for member in sorted(members))
     rules = "\n".join(rule.egglog(RULESET) for rule in all_rules())
-    probe = "(rule ((target t) (= t (dist n))) ((same n)) :ruleset probe)"
+    probe = "(rule ((target t k) (= t (dist n))) ((same k n)) :ruleset probe)"
     return "\n".join([DECLARATIONS, relations, f"(ruleset {RULESET})", "(ruleset probe)", "(ruleset window)", facts,
                       rules, *movement.FACT_RULES, probe])

@@ -140,6 +140,18 @@ def rules() -> list[Rule]:
              when=("(= e (+ d 1))", "(= (dimsize x d) 1)")),
         Rule("unsqueeze-beside-unit-dim", "(unsqueeze x d)", "(unsqueeze x (+ d 1))",
              lambda gen, c: {"x": tensor(gen, 4, 1, 3), "d": 1}, when=("(= (dimsize x d) 1)",)),
+        Rule("repeat-halves", "(squeeze (expand u e n) d)",
+             "(concat (squeeze (expand u e (/ n 2)) d) (squeeze (expand u e (/ n 2)) d) d (/ n 2) (/ n 2))",
+             lambda gen, c: {"u": tensor(gen, 3, 1, 1, 5), "d": 1, "e": 2, "n": 4},
+             when=("(= e (+ d 1))", "(= (dimsize u d) 1)", "(= (% n 2) 0)", "(>= n 2)")),
+        Rule("concat-right-nested", "(concat (concat a b d na nb) c d m nc)",
+             "(concat a (concat b c d nb nc) d na (+ nb nc))",
+             lambda gen, c: {"a": tensor(gen, 3, 1), "b": tensor(gen, 3, 2), "c": tensor(gen, 3, 4),
+                             "d": 1, "na": 1, "nb": 2, "m": 3, "nc": 4},
+             when=("(= m (+ na nb))",)),
+        Rule("squeeze-upper-unit-dim", "(squeeze x d)", "(squeeze x e)",
+             lambda gen, c: {"x": tensor(gen, 4, 1, 1, 3), "d": 1, "e": 2},
+             when=("(= e (+ d 1))", "(= (dimsize x e) 1)")),
         Rule("expand-to-one", "(expand x d 1)", "x",
              lambda gen, c: {"x": tensor(gen, 4, 1, 3), "d": 1}),
         Rule("unsqueeze-order", "(unsqueeze (unsqueeze x d) e)", "(unsqueeze (unsqueeze x e) (+ d 1))",
@@ -155,8 +167,10 @@ def rules() -> list[Rule]:
     ]
 
 
-# Shape facts the slice rules read: a concat's parts have the sizes it records.
+# Shape facts the size-dependent rules read: a concat's parts have the sizes it records, and an
+# unsqueezed dim has size 1.
 FACT_RULES = (
     "(rule ((= t (concat a b d na nb))) "
     "((set (dimsize a d) na) (set (dimsize b d) nb) (set (dimsize t d) (+ na nb))) :ruleset lemmas)",
+    "(rule ((= t (unsqueeze x d))) ((set (dimsize t d) 1)) :ruleset lemmas)",
 )

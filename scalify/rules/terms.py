@@ -48,8 +48,8 @@ DECLARATIONS = f"""
   (opaque3 String T T T :cost {COMPUTE_COST})
   (opaque4 String T T T T :cost {COMPUTE_COST}))
 (function dimsize (T i64) i64 :merge (min old new))
-(relation target (T))
-(relation same (String))
+(relation target (T String))
+(relation same (String String))
 """
 
 Term = Union["App", str, int, float]

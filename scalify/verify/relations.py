@@ -13,14 +13,19 @@ Shape = tuple[int, ...]
 @dataclass(frozen=True)
 class Relation:
     """`term` (over rank tensors) equals the reference value; each alias `(term, name)` says
-    that rank tensor `name` also equals `term` (replicas)."""
+    that rank tensor `name` also equals `term` (replicas). `inherited` keeps the inputs' replica
+    facts, which later ops need when one rank's copy stands for all."""
 
     term: str
     aliases: tuple[tuple[str, str], ...] = ()
+    inherited: tuple[tuple[str, str], ...] = ()  # replica facts about the inputs' rank tensors
+
+    def facts(self) -> tuple[tuple[str, str], ...]:
+        return self.aliases + self.inherited
 
     def leaf_names(self) -> list[str]:
         names = leaves(parse(self.term))
-        for term, name in self.aliases:
+        for term, name in self.facts():
             names += leaves(parse(term)) + [name]
         return list(dict.fromkeys(names))
 

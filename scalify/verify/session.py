@@ -9,15 +9,17 @@ from egglog import bindings
 from ..rules import prelude
 
 _LEAF = re.compile(r'\(dist "([^"]+)"\)')
-_SAME = re.compile(r'\(same "([^"]+)"\)')
+_SAME = re.compile(r'\(same "([^"]+)" "([^"]+)"\)')
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """What saturation found for `$y`: the cheapest term and the rank tensors equal to it."""
+    """What saturation found for `$y`: the cheapest term, the rank tensors equal to it, and for
+    each rank tensor in the term the others equal to it (`(name, other)` pairs)."""
 
     term: str
     same: tuple[str, ...]
+    leaf_aliases: tuple[tuple[str, str], ...] = ()
 
 
 def canonicalize(program: str) -> tuple[str, list[str]]:
@@ -46,8 +48,9 @@ def _batched(program: str) -> str:
 class EgglogSession:
     """Windows share one e-graph with the prelude loaded; each runs inside push/pop."""
 
-    def __init__(self, iterations: int = 12) -> None:
+    def __init__(self, iterations: int = 12, memoize: bool = True) -> None:
         self.iterations = iterations
+        self.memoize = memoize
         self.memo: dict[str, Outcome] = {}
         self.hits = 0
         self.misses = 0
@@ -66,11 +69,13 @@ class EgglogSession:
         if outcome is None:
             self.misses += 1
             outcome = self._run(canonical)
-            self.memo[canonical] = outcome
+            if self.memoize:
+                self.memo[canonical] = outcome
         else:
             self.hits += 1
-        return Outcome(_restore(outcome.term, names),
-                       tuple(names[int(n[1:])] for n in outcome.same))
+        real = lambda n: names[int(n[1:])]  # noqa: E731
+        return Outcome(_restore(outcome.term, names), tuple(real(n) for n in outcome.same),
+                       tuple((real(a), real(b)) for a, b in outcome.leaf_aliases))
 
     def holds(self, program: str, equalities: list[str]) -> bool:
         """Whether `$y` equals every term in `equalities` after saturating `program`."""
@@ -85,11 +90,22 @@ class EgglogSession:
         return f"(run-schedule (repeat {self.iterations} (run lemmas)))"
 
     def _run(self, program: str) -> Outcome:
-        outputs = self._execute(f"{_batched(program)}\n{self._schedule()}\n(extract $y)\n(target $y)\n"
-                                "(run probe 1)\n(print-function same 1000000)")
-        term = next(str(o) for o in outputs if type(o).__name__ == "ExtractBest").strip()
-        same = tuple(_SAME.findall(str(outputs[-1])))
-        return Outcome(term, tuple(dict.fromkeys(same)))
+        egraph = self._egraph
+        egraph.run_program(*egraph.parse_program("(push)"))
+        try:
+            outputs = egraph.run_program(*egraph.parse_program(
+                f"{_batched(program)}\n{self._schedule()}\n(extract $y)"))
+            term = str(outputs[-1]).strip()
+            names = list(dict.fromkeys(_LEAF.findall(term)))
+            targets = " ".join(f'(target (dist "{n}") "{n}")' for n in names)
+            probe = (f'(rule () ((target $y "$y") {targets}) :ruleset window)\n(run window 1)\n'
+                     "(run probe 1)\n(print-function same 1000000)")
+            pairs = _SAME.findall(str(egraph.run_program(*egraph.parse_program(probe))[-1]))
+        finally:
+            self._pop()
+        same = tuple(dict.fromkeys(other for name, other in pairs if name == "$y"))
+        aliases = tuple(dict.fromkeys((n, o) for n, o in pairs if n != "$y" and n != o))
+        return Outcome(term, same, aliases)
 
     def _execute(self, program: str) -> list:
         egraph = self._egraph
@@ -97,7 +113,10 @@ class EgglogSession:
         try:
             return egraph.run_program(*egraph.parse_program(program))
         finally:
-            try:
-                egraph.run_program(*egraph.parse_program("(pop)"))
-            except Exception:
-                self._egraph = self._fresh()
+            self._pop()
+
+    def _pop(self) -> None:
+        try:
+            self._egraph.run_program(*self._egraph.parse_program("(pop)"))
+        except Exception:  # a failed command can leave the scope unbalanced: start afresh
+            self._egraph = self._fresh()

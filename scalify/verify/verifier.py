@@ -40,6 +40,7 @@ class VerifyOptions:
     max_window_nodes: int = 256
     backward_depth: int = 3
     iterations: int = 12  # plus 4 per rank: nested concats unfold one level per iteration
+    memo: bool = True  # prove identical windows once
 
 
 @dataclass
@@ -58,7 +59,8 @@ class Verifier:
     def __init__(self, ref: Graph, dist: DistributedGraph, options: VerifyOptions,
                  session: EgglogSession | None = None) -> None:
         self.ref, self.dist, self.options = ref, dist, options
-        self.session = session or EgglogSession(options.iterations + 4 * dist.world_size)
+        self.session = session or EgglogSession(options.iterations + 4 * dist.world_size,
+                                                options.memo)
         self.users = dist.graph.users()
         self.dist_const = constant_keys(dist.graph)
         self.ref_const = constant_keys(ref)
@@ -71,6 +73,7 @@ class Verifier:
             progress: Callable[[int, int], None] = lambda done, total: None) -> Verification:
         result = Verification()
         relations = result.relations
+        self.placements = placements
         total = len(self.ref.nodes)
         for index, node in enumerate(self.ref):
             if node.op == "placeholder":
@@ -107,8 +110,10 @@ class Verifier:
         inputs = [relations[i] for i in node.inputs]
         replicated = all(parse(r.term).head in ("dist", "const") for r in inputs)
         depths = [1, self.options.window_depth] if replicated else [self.options.window_depth]
+        narrowest: list[str] | None = None  # the nodes closest to the op, for diagnostics
         for depth in depths:  # ops on replicated inputs usually match one hop away; else widen
             program, window = self._program(node, inputs, depth)
+            narrowest = window if narrowest is None else narrowest
             result.windows += 1
             outcome = self.session.saturate(program)
             term = parse(outcome.term)
@@ -118,8 +123,9 @@ class Verifier:
             same = sorted(outcome.same, key=self.dist.order.get)
             chosen = leaf(same[0]) if term.head == "dist" and same else outcome.term  # lowest rank
             aliases = tuple((chosen, name) for name in same if leaf(name) != chosen)
-            return Relation(chosen, aliases + _inherited(inputs, set(leaves(parse(chosen)))))
-        result.discrepancies.append(self._discrepancy(node, inputs, term, window))
+            aliases += tuple((leaf(a), b) for a, b in outcome.leaf_aliases)
+            return Relation(chosen, aliases, _inherited(inputs, set(leaves(parse(chosen)))))
+        result.discrepancies.append(self._discrepancy(node, inputs, term, narrowest or window))
         return None
 
     def _program(self, node: Node, inputs: list[Relation], depth: int) -> tuple[str, list[str]]:
@@ -131,7 +137,7 @@ class Verifier:
         ref_args = [r.term for r in inputs]
         shapes = [self.ref[i].shape for i in node.inputs]
         lines = [f"(let $y {encode(node, ref_args, shapes)})"]
-        lines += [f"(union {term} {leaf(name)})" for r in inputs for term, name in r.aliases]
+        lines += [f"(union {term} {leaf(name)})" for r in inputs for term, name in r.facts()]
         for name in defined:
             lines.append(f"(union {leaf(name)} {self._definition(name)})")
         for name in dict.fromkeys(_LEAF_NAME.findall("\n".join(lines))):  # in order of appearance
@@ -206,7 +212,7 @@ class Verifier:
             defined = self._with_dependencies(window, known, sorted(known, key=self.dist.order.get),
                                               region)
             program = "\n".join([f"(let $y {relation.term})"] +
-                                [f"(union {t} {leaf(n)})" for t, n in relation.aliases] +
+                                [f"(union {t} {leaf(n)})" for t, n in relation.facts()] +
                                 [f"(union {leaf(n)} {self._definition(n)})" for n in defined])
             if not self.session.holds(program, expected):
                 result.discrepancies.append(self._output_discrepancy(
@@ -234,7 +240,26 @@ class Verifier:
         return Discrepancy(node.op, node.name, node.source.module, node.source, primary,
                            found=describe(found, self.labels),
                            expected="a relation to the ranks' tensors (Replicate, Shard or Partial)",
-                           hint=hint, inputs=described, nearby=nearby)
+                           hint=hint, inputs=described, nearby=nearby,
+                           placements=self._sharded_parameters(node))
+
+    def _sharded_parameters(self, node: Node) -> list[str]:
+        """Placements (and where they were declared) of the sharded parameters of this layer
+        that the op depends on: a wrong placement shows up here, not on a line of the graph."""
+        region, seen, stack, found = region_of(node.source.module), set(), [node.name], []
+        while stack:
+            current = self.ref[stack.pop()]
+            if current.name in seen:
+                continue
+            seen.add(current.name)
+            if current.op == "placeholder":
+                placement = self.placements.get(current.attr("target"), Replicate())
+                if not isinstance(placement, Replicate):
+                    found.append(f"{current.attr('target')}: {placement} (declared at "
+                                 f"{placement.declared_at})")
+            elif region_of(current.source.module) == region:
+                stack.extend(current.inputs)
+        return sorted(found)
 
     def _output_discrepancy(self, node: Node, relation: Relation, placement: Placement,
                             rank_outputs: list[str]) -> Discrepancy:
@@ -250,10 +275,10 @@ class Verifier:
 
 
 def _inherited(inputs: list[Relation], mentioned: set[str]) -> tuple[tuple[str, str], ...]:
-    """The inputs' replica facts about rank tensors that a new relation term still mentions."""
-    kept = []
+    """The inputs' own replica facts, and older ones about rank tensors still mentioned."""
+    kept = [fact for relation in inputs for fact in relation.aliases]
     for relation in inputs:
-        for term, name in relation.aliases:
+        for term, name in relation.inherited:
             if name in mentioned or mentioned.intersection(leaves(parse(term))):
                 kept.append((term, name))
     return tuple(dict.fromkeys(kept))

@@ -7,7 +7,8 @@ from .helpers import experiment
 
 CASES = [
     ("llama-tiny", "llama", 1), ("llama-tiny", "llama", 2), ("llama-tiny", "llama", 4),
-    ("llama-tiny", "llama", 8), ("llama-tiny-gqa", "llama", 2),
+    ("llama-tiny", "llama", 8), ("llama-tiny-gqa", "llama", 2), ("llama-tiny-gqa", "llama", 4),
+    ("llama-tiny-gqa", "llama", 8),
     ("gpt2-tiny", "gpt2", 1), ("gpt2-tiny", "gpt2", 2), ("gpt2-tiny", "gpt2", 4),
     ("gpt2-tiny", "gpt2", 8),
 ]

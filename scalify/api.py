@@ -66,6 +66,7 @@ def verify_modules(reference: nn.Module, rank_module_factory: Callable[[int], nn
     stats = {"world_size": world_size, "reference_nodes": len(ref_graph),
              "distributed_nodes": len(dist.graph), "windows": result.windows,
              "memo_hits": result.memo_hits, "memo_misses": result.memo_misses,
+             "layer_memo_hits": result.layer_hits,
              "blocked_ops": result.blocked}
     return Report(name, verified, "verified" if verified else "discrepancy", result.discrepancies,
                   timings, stats, numeric_result)

@@ -22,6 +22,7 @@ from ..rules.families import LINEAR_UNARY_OPS
 from ..rules.terms import App, is_relational, leaves, op_key, parse, render
 from .encode import encode
 from .relations import Relation, describe, expected_output, from_placement, leaf
+from .segments import SegmentKey, segment_key
 from .session import EgglogSession
 
 _LAYER = re.compile(r"^(.*?\.\d+)(\.|$)")
@@ -50,6 +51,7 @@ class Verification:
     blocked: int = 0
     memo_hits: int = 0
     memo_misses: int = 0
+    layer_hits: int = 0
     relations: dict[str, Relation | None] = field(default_factory=dict)
 
 
@@ -66,6 +68,11 @@ class Verifier:
         self.ref_const = constant_keys(ref)
         self.region = {n.name: region_of(n.source.module) for n in dist.graph}
         self.labels = {n.name: _label(n, dist.rank_of(n.name)) for n in dist.graph}
+        self.region_nodes: dict[str, list[Node]] = {}
+        for name in sorted(self.region, key=dist.order.get):
+            if name not in self.dist_const and dist.graph[name].op != "placeholder":
+                self.region_nodes.setdefault(self.region[name], []).append(dist.graph[name])
+        self.segment_memo: dict[str, list] = {}
 
     # Entry point.
 
@@ -74,23 +81,58 @@ class Verifier:
         result = Verification()
         relations = result.relations
         self.placements = placements
-        total = len(self.ref.nodes)
-        for index, node in enumerate(self.ref):
-            if node.op == "placeholder":
-                relations[node.name] = self._input_relation(node, placements)
-            elif node.name in self.ref_const:
-                relations[node.name] = Relation(f'(const "{self.ref_const[node.name]}")')
-            elif any(relations[i] is None for i in node.inputs):
-                relations[node.name] = None
-                result.blocked += 1
+        total, done = len(self.ref.nodes), 0
+        for region, nodes in self._segments():
+            key = self._segment_key(region, nodes, relations)
+            stored = self.segment_memo.get(key.digest) if key else None
+            if stored is not None:
+                for node, relation in zip(nodes, stored):
+                    relations[node.name] = key.from_canonical(relation)
+                result.layer_hits += 1
             else:
-                relations[node.name] = self._infer(node, relations, result)
-            progress(index + 1, total)
+                before = len(result.discrepancies)
+                for node in nodes:
+                    self._visit(node, relations, result)
+                if key and len(result.discrepancies) == before:
+                    self.segment_memo[key.digest] = [key.to_canonical(relations[n.name])
+                                                     for n in nodes]
+            done += len(nodes)
+            progress(done, total)
         self._check_outputs(output_placements, relations, result)
         result.memo_hits, result.memo_misses = self.session.hits, self.session.misses
         return result
 
     # Inputs.
+
+    def _visit(self, node: Node, relations: dict[str, Relation | None],
+               result: Verification) -> None:
+        if node.op == "placeholder":
+            relations[node.name] = self._input_relation(node, self.placements)
+        elif node.name in self.ref_const:
+            relations[node.name] = Relation(f'(const "{self.ref_const[node.name]}")')
+        elif any(relations[i] is None for i in node.inputs):
+            relations[node.name] = None
+            result.blocked += 1
+        else:
+            relations[node.name] = self._infer(node, relations, result)
+
+    def _segments(self) -> list[tuple[str, list[Node]]]:
+        """Runs of consecutive reference ops in one region (placeholders on their own)."""
+        runs: list[tuple[str, list[Node]]] = []
+        for node in self.ref:
+            region = "" if node.op == "placeholder" else region_of(node.source.module)
+            if runs and runs[-1][0] == region:
+                runs[-1][1].append(node)
+            else:
+                runs.append((region, [node]))
+        return runs
+
+    def _segment_key(self, region: str, nodes: list[Node],
+                     relations: dict[str, Relation | None]) -> SegmentKey | None:
+        if not region or not self.options.memo:
+            return None
+        return segment_key(nodes, self.region_nodes.get(region, []), relations, self.dist.graph,
+                           self.ref_const, self.dist_const)
 
     def _input_relation(self, node: Node, placements: dict[str, Placement]) -> Relation:
         target = node.attr("target")

@@ -95,6 +95,10 @@ def verify(config: str | os.PathLike | dict | Experiment, *, numeric: bool | Non
         progress=progress, options=VerifyOptions(window_depth=experiment.verify.window_depth,
                                                   memo=experiment.verify.memo))
     report.config = experiment.to_dict()
+    if experiment.tracking.enabled:
+        from .tracking import log_run
+
+        report.stats["mlflow_run_id"] = log_run(report, experiment.tracking)
     return report
 
 

@@ -93,7 +93,8 @@ def verify(config: str | os.PathLike | dict | Experiment, *, numeric: bool | Non
         placements, output_placements=[logits],
         numeric=experiment.verify.numeric if numeric is None else numeric, name=experiment.name,
         progress=progress, options=VerifyOptions(window_depth=experiment.verify.window_depth,
-                                                  memo=experiment.verify.memo))
+                                                  memo=experiment.verify.memo,
+                                                  memo_store=experiment.verify.memo_store))
     report.config = experiment.to_dict()
     if experiment.tracking.enabled:
         from .tracking import log_run

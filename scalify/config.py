@@ -61,10 +61,12 @@ class InputSpec:
 
 @dataclass(frozen=True)
 class VerifyOptions:
-    """Verifier switches: numeric cross-check, proof memoisation, e-graph window depth."""
+    """Verifier switches: numeric cross-check, proof memoisation (and its persistent SQLite store,
+    shared by runs), e-graph window depth."""
 
     numeric: bool = False
     memo: bool = True
+    memo_store: str | None = None
     window_depth: int = 4
 
 
@@ -243,7 +245,8 @@ _SCHEMAS: dict[type, dict[str, Checker]] = {
     },
     HardwareSpec: {"name": _text, "target": _choice(*HARDWARE_TARGETS), "devices": _positive_int},
     InputSpec: {"batch": _positive_int, "seq": _positive_int},
-    VerifyOptions: {"numeric": _boolean, "memo": _boolean, "window_depth": _positive_int},
+    VerifyOptions: {"numeric": _boolean, "memo": _boolean, "memo_store": _optional_text,
+                    "window_depth": _positive_int},
     TrackingSpec: {"enabled": _boolean, "uri": _text, "experiment": _text},
 }
 _HF_CHECKERS: dict[type, Checker] = {bool: _boolean, int: _positive_int, float: _positive_number, str: _text}

@@ -151,7 +151,7 @@ X = "configs/experiments/x.yaml"
         (MINIMAL + "verify: {numeric: 1}\n", f"{X}: verify.numeric: expected true or false, got 1"),
         (
             MINIMAL + "verify: {numerik: true}\n",
-            f"{X}: verify.numerik: unknown key (expected one of: memo, numeric, window_depth)",
+            f"{X}: verify.numerik: unknown key (expected one of: memo, memo_store, numeric, window_depth)",
         ),
         (MINIMAL + "verfy: {}\n", f"{X}: verfy: unknown key (expected one of: hardware, inputs,"),
         (MINIMAL + "inputs: [1, 16]\n", f"{X}: inputs: expected a mapping, got [1, 16]"),

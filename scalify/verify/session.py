@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from egglog import bindings
 
 from ..rules import prelude
+from .store import ProofStore
 
 _LEAF = re.compile(r'\(dist "([^"]+)"\)')
 _SAME = re.compile(r'\(same "([^"]+)" "([^"]+)"\)')
@@ -48,9 +49,11 @@ def _batched(program: str) -> str:
 class EgglogSession:
     """Windows share one e-graph with the prelude loaded; each runs inside push/pop."""
 
-    def __init__(self, iterations: int = 12, memoize: bool = True) -> None:
+    def __init__(self, iterations: int = 12, memoize: bool = True,
+                 store: ProofStore | None = None) -> None:
         self.iterations = iterations
         self.memoize = memoize
+        self.store = store
         self.memo: dict[str, Outcome] = {}
         self.hits = 0
         self.misses = 0
@@ -65,17 +68,29 @@ class EgglogSession:
     def saturate(self, program: str) -> Outcome:
         """Run a window (which binds `$y`) and extract `$y`; identical windows are looked up."""
         canonical, names = canonicalize(program)
-        outcome = self.memo.get(canonical)
+        outcome = self.memo.get(canonical) or self._stored(canonical)
         if outcome is None:
             self.misses += 1
             outcome = self._run(canonical)
             if self.memoize:
                 self.memo[canonical] = outcome
+                if self.store is not None:
+                    self.store.put("window", canonical, [outcome.term, outcome.same,
+                                                         outcome.leaf_aliases])
         else:
             self.hits += 1
         real = lambda n: names[int(n[1:])]  # noqa: E731
         return Outcome(_restore(outcome.term, names), tuple(real(n) for n in outcome.same),
                        tuple((real(a), real(b)) for a, b in outcome.leaf_aliases))
+
+    def _stored(self, canonical: str) -> Outcome | None:
+        if self.store is None or not self.memoize:
+            return None
+        value = self.store.get("window", canonical)
+        if value is None:
+            return None
+        term, same, aliases = value
+        return Outcome(term, tuple(same), tuple(tuple(pair) for pair in aliases))
 
     def holds(self, program: str, equalities: list[str]) -> bool:
         """Whether `$y` equals every term in `equalities` after saturating `program`."""

@@ -24,6 +24,7 @@ from .encode import encode
 from .relations import Relation, describe, expected_output, from_placement, leaf
 from .segments import SegmentKey, segment_key
 from .session import EgglogSession
+from .store import ProofStore
 
 _LAYER = re.compile(r"^(.*?\.\d+)(\.|$)")
 _LEAF_NAME = re.compile(r'\(dist "([^"]+)"\)')
@@ -42,6 +43,7 @@ class VerifyOptions:
     backward_depth: int = 3
     iterations: int = 12  # plus 4 per rank: nested concats unfold one level per iteration
     memo: bool = True  # prove identical windows once
+    memo_store: str | None = None  # SQLite file shared by runs
 
 
 @dataclass
@@ -61,8 +63,9 @@ class Verifier:
     def __init__(self, ref: Graph, dist: DistributedGraph, options: VerifyOptions,
                  session: EgglogSession | None = None) -> None:
         self.ref, self.dist, self.options = ref, dist, options
+        self.store = ProofStore(options.memo_store) if options.memo_store and options.memo else None
         self.session = session or EgglogSession(options.iterations + 4 * dist.world_size,
-                                                options.memo)
+                                                options.memo, self.store)
         self.users = dist.graph.users()
         self.dist_const = constant_keys(dist.graph)
         self.ref_const = constant_keys(ref)
@@ -84,7 +87,7 @@ class Verifier:
         total, done = len(self.ref.nodes), 0
         for region, nodes in self._segments():
             key = self._segment_key(region, nodes, relations)
-            stored = self.segment_memo.get(key.digest) if key else None
+            stored = self._stored_segment(key) if key else None
             if stored is not None:
                 for node, relation in zip(nodes, stored):
                     relations[node.name] = key.from_canonical(relation)
@@ -94,11 +97,15 @@ class Verifier:
                 for node in nodes:
                     self._visit(node, relations, result)
                 if key and len(result.discrepancies) == before:
-                    self.segment_memo[key.digest] = [key.to_canonical(relations[n.name])
-                                                     for n in nodes]
+                    canonical = [key.to_canonical(relations[n.name]) for n in nodes]
+                    self.segment_memo[key.digest] = canonical
+                    if self.store is not None:
+                        self.store.put("layer", key.digest, canonical)
             done += len(nodes)
             progress(done, total)
         self._check_outputs(output_placements, relations, result)
+        if self.store is not None:
+            self.store.commit()
         result.memo_hits, result.memo_misses = self.session.hits, self.session.misses
         return result
 
@@ -126,6 +133,12 @@ class Verifier:
             else:
                 runs.append((region, [node]))
         return runs
+
+    def _stored_segment(self, key: SegmentKey) -> list | None:
+        stored = self.segment_memo.get(key.digest)
+        if stored is None and self.store is not None:
+            stored = self.store.get("layer", key.digest)
+        return stored
 
     def _segment_key(self, region: str, nodes: list[Node],
                      relations: dict[str, Relation | None]) -> SegmentKey | None:

@@ -11,16 +11,14 @@ from torch import nn
 from transformers import GPT2Config
 from transformers.activations import ACT2FN
 from transformers.masking_utils import create_causal_mask
-from transformers.modeling_utils import slice_logits_to_keep
 from transformers.models.gpt2.modeling_gpt2 import eager_attention_forward
 
 from scalify.errors import ConfigError
 from scalify.parallel.layers import (
+    ParallelCausalLM,
     ColumnParallelConv1D,
-    ColumnParallelLinear,
     RowParallelConv1D,
     VocabParallelEmbedding,
-    all_gather_last_dim,
     divide,
 )
 
@@ -164,26 +162,6 @@ class ParallelGPT2Model(nn.Module):
         return hidden_states
 
 
-class ParallelGPT2LMHeadModel(nn.Module):
-    """GPT2LMHeadModel: logits from this rank's wte rows (lm_head tied to wte), gathered or left vocab-parallel."""
-
-    def __init__(
-        self, config: GPT2Config, rank: int, world_size: int, parts: GPT2Parts, *, gather_logits: bool
-    ) -> None:
-        super().__init__()
-        self.transformer = ParallelGPT2Model(config, rank, world_size, parts)
-        self.lm_head = ColumnParallelLinear(config.n_embd, config.vocab_size, world_size)
-        if config.tie_word_embeddings:
-            self.lm_head.weight = self.transformer.wte.weight
-        self.gather_logits = gather_logits
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        hidden_states = self.transformer(input_ids, attention_mask)
-        hidden_states = slice_logits_to_keep(hidden_states, 0)
-        logits = self.lm_head(hidden_states)
-        return all_gather_last_dim(logits) if self.gather_logits else logits
-
-
 @dataclass(frozen=True)
 class GPT2Parts:
     """The layer classes a GPT-2 rank is assembled from; a planted bug swaps one of them."""
@@ -195,9 +173,11 @@ class GPT2Parts:
 
 def build_gpt2_rank(
     config: GPT2Config, rank: int, world_size: int, parts: GPT2Parts, *, gather_logits: bool
-) -> ParallelGPT2LMHeadModel:
+) -> ParallelCausalLM:
     """Rank `rank` of the tensor-parallel GPT-2 (built on the current default device)."""
     if config.reorder_and_upcast_attn or config.add_cross_attention:
         raise ConfigError("gpt2: reorder_and_upcast_attn and add_cross_attention are not supported in parallel")
     divide(config.vocab_size, world_size, "vocab_size")
-    return ParallelGPT2LMHeadModel(config, rank, world_size, parts, gather_logits=gather_logits)
+    backbone = ParallelGPT2Model(config, rank, world_size, parts)
+    return ParallelCausalLM("transformer", backbone, backbone.wte, config.n_embd, config.vocab_size,
+                            world_size, tie=config.tie_word_embeddings, gather_logits=gather_logits)

@@ -10,6 +10,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch import nn
+from transformers.modeling_utils import slice_logits_to_keep
 from transformers.pytorch_utils import Conv1D
 
 from scalify.errors import ShapeError
@@ -126,3 +127,25 @@ class RowParallelConv1D(Conv1D):
 
     def placements(self) -> dict[str, Placement]:
         return {"weight": Shard(0), "bias": Replicate()}
+
+
+class ParallelCausalLM(nn.Module):
+    """A backbone (under HF's attribute name, so parameter names match) and a column-parallel
+    lm_head, tied to the vocab-parallel embedding when the config ties them; logits are gathered
+    or left vocab-parallel."""
+
+    def __init__(self, backbone_name: str, backbone: nn.Module, embedding: nn.Module, hidden: int,
+                 vocab: int, world_size: int, *, tie: bool, gather_logits: bool) -> None:
+        super().__init__()
+        self.backbone_name = backbone_name
+        self.add_module(backbone_name, backbone)
+        self.lm_head = ColumnParallelLinear(hidden, vocab, world_size)
+        if tie:
+            self.lm_head.weight = embedding.weight
+        self.gather_logits = gather_logits
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden_states = getattr(self, self.backbone_name)(input_ids, attention_mask)
+        hidden_states = slice_logits_to_keep(hidden_states, 0)
+        logits = self.lm_head(hidden_states)
+        return all_gather_last_dim(logits) if self.gather_logits else logits

@@ -12,7 +12,6 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.activations import ACT2FN
 from transformers.masking_utils import create_causal_mask
-from transformers.modeling_utils import slice_logits_to_keep
 from transformers.models.llama.modeling_llama import (
     LlamaRMSNorm,
     LlamaRotaryEmbedding,
@@ -22,10 +21,10 @@ from transformers.models.llama.modeling_llama import (
 
 from scalify.errors import ShapeError
 from scalify.parallel.layers import (
+    ParallelCausalLM,
     ColumnParallelLinear,
     RowParallelLinear,
     VocabParallelEmbedding,
-    all_gather_last_dim,
     divide,
 )
 
@@ -203,26 +202,6 @@ class ParallelLlamaModel(nn.Module):
         return hidden_states
 
 
-class ParallelLlamaForCausalLM(nn.Module):
-    """LlamaForCausalLM with a column-parallel lm_head; logits are gathered or left vocab-parallel."""
-
-    def __init__(
-        self, config: LlamaConfig, rank: int, world_size: int, parts: LlamaParts, *, gather_logits: bool
-    ) -> None:
-        super().__init__()
-        self.model = ParallelLlamaModel(config, rank, world_size, parts)
-        self.lm_head = ColumnParallelLinear(config.hidden_size, config.vocab_size, world_size)
-        if config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
-        self.gather_logits = gather_logits
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        hidden_states = self.model(input_ids, attention_mask)
-        hidden_states = slice_logits_to_keep(hidden_states, 0)
-        logits = self.lm_head(hidden_states)
-        return all_gather_last_dim(logits) if self.gather_logits else logits
-
-
 @dataclass(frozen=True)
 class LlamaParts:
     """The layer classes a Llama rank is assembled from; a planted bug swaps one of them."""
@@ -237,8 +216,10 @@ class LlamaParts:
 
 def build_llama_rank(
     config: LlamaConfig, rank: int, world_size: int, parts: LlamaParts, *, gather_logits: bool
-) -> ParallelLlamaForCausalLM:
+) -> ParallelCausalLM:
     """Rank `rank` of the tensor-parallel Llama (built on the current default device)."""
     divide(config.vocab_size, world_size, "vocab_size")
     divide(config.intermediate_size, world_size, "intermediate_size")
-    return ParallelLlamaForCausalLM(config, rank, world_size, parts, gather_logits=gather_logits)
+    backbone = ParallelLlamaModel(config, rank, world_size, parts)
+    return ParallelCausalLM("model", backbone, backbone.embed_tokens, config.hidden_size, config.vocab_size,
+                            world_size, tie=config.tie_word_embeddings, gather_logits=gather_logits)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from ..ir.graph import Node
 from ..ir.ops import OPS, UNARY, BINARY
 from ..rules.terms import op_key, render
+from .relations import concat_terms, nest
 
 _INT_COMPARISONS = {"lt_scalar": "lt", "le_scalar": "le", "gt_scalar": "gt", "ge_scalar": "ge",
                     "eq_scalar": "eq", "ne_scalar": "ne"}
@@ -12,21 +13,6 @@ _PLAIN = {"where": "where3", "embedding": "embedding"}
 
 def _attrs(node: Node, *skip: str) -> dict:
     return {k: v for k, v in node.attrs if k not in skip}
-
-
-def _nest(head: str, args: list[str], tail: str = "") -> str:
-    result = args[-1]
-    for arg in reversed(args[:-1]):
-        result = f"({head} {arg} {result}{tail})"
-    return result
-
-
-def _concat_chain(args: list[str], sizes: list[int], dim: int) -> str:
-    result, rest = args[-1], sizes[-1]
-    for arg, size in zip(reversed(args[:-1]), reversed(sizes[:-1])):
-        result = f"(concat {arg} {result} {dim} {size} {rest})"
-        rest += size
-    return result
 
 
 def encode(node: Node, args: list[str], arg_shapes: list[tuple[int, ...]]) -> str:
@@ -62,14 +48,14 @@ def encode(node: Node, args: list[str], arg_shapes: list[tuple[int, ...]]) -> st
     if op == "slice":
         return f"(slice {args[0]} {attrs['dim']} {attrs['start']} {attrs['end']})"
     if op == "concat":
-        return _concat_chain(args, [s[attrs["dim"]] for s in arg_shapes], attrs["dim"])
+        return concat_terms(args, [s[attrs["dim"]] for s in arg_shapes], attrs["dim"])
     if op == "all_reduce":
-        return _nest("pmax" if attrs["reduce"] == "max" else "psum", args)
+        return nest("pmax" if attrs["reduce"] == "max" else "psum", args)
     if op == "all_gather":
-        return _concat_chain(args, [s[0] for s in arg_shapes], 0)
+        return concat_terms(args, [s[0] for s in arg_shapes], 0)
     if op == "reduce_scatter":
         size = node.shape[0]
         start = attrs["index"] * size
-        return f"(slice {_nest('psum', args)} 0 {start} {start + size})"
+        return f"(slice {nest('psum', args)} 0 {start} {start + size})"
     key = render(op_key(op, _attrs(node, "shape")))
     return f"(opaque{len(args)} {key} {' '.join(args)})"

@@ -34,6 +34,14 @@ def leaf(name: str) -> str:
     return f'(dist "{name}")'
 
 
+def nest(head: str, terms: list[str]) -> str:
+    """A right-nested chain `(head t0 (head t1 ... tn))`: n-ary sums as binary terms."""
+    result = terms[-1]
+    for term in reversed(terms[:-1]):
+        result = f"({head} {term} {result})"
+    return result
+
+
 def concat_terms(terms: list[str], sizes: list[int], dim: int) -> str:
     result, rest = terms[-1], sizes[-1]
     for term, size in zip(reversed(terms[:-1]), reversed(sizes[:-1])):
@@ -51,11 +59,8 @@ def from_placement(target: str, placement: Placement, ref_shape: Shape,
         return Relation(leaf(rank_names[0]), tuple((leaf(rank_names[0]), n) for n in rank_names[1:]))
     if isinstance(placement, Partial):
         _expect_shapes(target, placement, rank_shapes, [ref_shape] * world)
-        head = "pmax" if placement.op == "max" else "psum"
-        term = leaf(rank_names[-1])
-        for name in reversed(rank_names[:-1]):
-            term = f"({head} {leaf(name)} {term})"
-        return Relation(term)
+        return Relation(nest("pmax" if placement.op == "max" else "psum",
+                             [leaf(name) for name in rank_names]))
     assert isinstance(placement, Shard)
     return _shard_relation(target, placement, ref_shape, rank_names, rank_shapes)
 
@@ -97,11 +102,8 @@ def expected_output(placement: Placement, rank_outputs: list[str],
     if isinstance(placement, Replicate):
         return [leaf(name) for name in rank_outputs]
     if isinstance(placement, Partial):
-        head = "pmax" if placement.op == "max" else "psum"
-        term = leaf(rank_outputs[-1])
-        for name in reversed(rank_outputs[:-1]):
-            term = f"({head} {leaf(name)} {term})"
-        return [term]
+        return [nest("pmax" if placement.op == "max" else "psum",
+                     [leaf(name) for name in rank_outputs])]
     assert isinstance(placement, Shard)
     dim = placement.dim % len(rank_shapes[0])
     return [concat_terms([leaf(n) for n in rank_outputs], [s[dim] for s in rank_shapes], dim)]

@@ -30,12 +30,13 @@ def verify_modules(reference: nn.Module, rank_module_factory: Callable[[int], nn
                    input_placements: dict[str, Placement] | None = None,
                    output_placements: list[Placement] | None = None, *, numeric: bool = False,
                    name: str = "modules", progress: Progress = _quiet,
-                   options: VerifyOptions | None = None) -> Report:
+                   options: VerifyOptions | None = None, capture_workers: int = 1) -> Report:
     """Prove that `rank_module_factory(r)` for r < world_size computes what `reference` computes.
 
     `example_inputs` are reference-shaped tensors (meta, fake or real) passed to both forwards
     as keyword arguments (a tuple is named arg0, arg1, ...); `param_placements` maps reference
     parameter/buffer names to placements (unlisted: Replicate); outputs default to Replicate.
+    `capture_workers > 1` captures ranks in forked processes as well as this one.
     """
     inputs = _named(example_inputs)
     input_placements = input_placements or {}
@@ -44,7 +45,7 @@ def verify_modules(reference: nn.Module, rank_module_factory: Callable[[int], nn
     ref_graph = capture(reference, lambda: _call(reference, inputs), inputs)
     rank_graphs = capture_ranks(
         rank_module_factory, world_size, lambda r: _local_inputs(inputs, input_placements, r, world_size),
-        _call, lambda r: progress("capture", r + 1, world_size))
+        _call, lambda r: progress("capture", r + 1, world_size), workers=capture_workers)
     timings["capture_s"] = time.perf_counter() - start
     start = time.perf_counter()
     dist = merge_ranks(rank_graphs)
@@ -92,9 +93,9 @@ def verify(config: str | os.PathLike | dict | Experiment, *, numeric: bool | Non
         world, example_inputs(model.family, experiment.inputs.batch, experiment.inputs.seq),
         placements, output_placements=[logits],
         numeric=experiment.verify.numeric if numeric is None else numeric, name=experiment.name,
-        progress=progress, options=VerifyOptions(window_depth=experiment.verify.window_depth,
-                                                  memo=experiment.verify.memo,
-                                                  memo_store=experiment.verify.memo_store))
+        progress=progress, capture_workers=os.cpu_count() or 1,
+        options=VerifyOptions(window_depth=experiment.verify.window_depth,
+                              memo=experiment.verify.memo, memo_store=experiment.verify.memo_store))
     report.config = experiment.to_dict()
     if experiment.tracking.enabled:
         from .tracking import log_run

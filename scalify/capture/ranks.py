@@ -1,6 +1,7 @@
 """Captures every rank's program in this process, each inside its own fake process group."""
 from __future__ import annotations
 
+import multiprocessing
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
@@ -45,9 +46,46 @@ def capture_rank(factory: RankModuleFactory, rank: int, world_size: int,
 def capture_ranks(factory: RankModuleFactory, world_size: int,
                   inputs_of_rank: Callable[[int], dict[str, torch.Tensor]],
                   call: Callable[[torch.nn.Module, dict[str, torch.Tensor]], Any],
-                  progress: Callable[[int], None] = lambda rank: None) -> list[Graph]:
-    graphs = []
-    for rank in range(world_size):
-        graphs.append(capture_rank(factory, rank, world_size, inputs_of_rank(rank), call))
-        progress(rank)
-    return graphs
+                  progress: Callable[[int], None] = lambda rank: None,
+                  workers: int = 1) -> list[Graph]:
+    """Every rank's graph. With `workers > 1` (and fork available) the upper ranks are captured
+    in forked child processes while this process captures the lower ones."""
+    def capture_some(ranks: list[int]) -> list[Graph]:
+        graphs = []
+        for rank in ranks:
+            graphs.append(capture_rank(factory, rank, world_size, inputs_of_rank(rank), call))
+            progress(rank)
+        return graphs
+
+    workers = min(workers, world_size)
+    if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+        return capture_some(list(range(world_size)))
+    shares = [list(range(world_size))[w::workers] for w in range(workers)]
+    children = [_fork(capture_some, share) for share in shares[1:]]
+    by_rank = dict(zip(shares[0], capture_some(shares[0])))
+    for share, (process, connection) in zip(shares[1:], children):
+        graphs = connection.recv()
+        process.join()
+        if isinstance(graphs, BaseException):
+            raise graphs
+        by_rank.update(zip(share, graphs))
+    return [by_rank[rank] for rank in range(world_size)]
+
+
+def _fork(work: Callable[[list[int]], list[Graph]], ranks: list[int]) -> tuple[Any, Any]:
+    """Run `work(ranks)` in a forked child; its graphs (or its error) come back over a pipe."""
+    context = multiprocessing.get_context("fork")
+    receiver, sender = context.Pipe(duplex=False)
+
+    def child() -> None:
+        try:
+            sender.send(work(ranks))
+        except BaseException as error:  # the parent re-raises it
+            sender.send(error if isinstance(error, CaptureError) else CaptureError(str(error)))
+        finally:
+            sender.close()
+
+    process = context.Process(target=child, daemon=True)
+    process.start()
+    sender.close()
+    return process, receiver

@@ -76,6 +76,7 @@ class Verifier:
             if name not in self.dist_const and dist.graph[name].op != "placeholder":
                 self.region_nodes.setdefault(self.region[name], []).append(dist.graph[name])
         self.segment_memo: dict[str, list] = {}
+        self.placements: dict[str, Placement] = {}
 
     # Entry point.
 
@@ -97,10 +98,7 @@ class Verifier:
                 for node in nodes:
                     self._visit(node, relations, result)
                 if key and len(result.discrepancies) == before:
-                    canonical = [key.to_canonical(relations[n.name]) for n in nodes]
-                    self.segment_memo[key.digest] = canonical
-                    if self.store is not None:
-                        self.store.put("layer", key.digest, canonical)
+                    self._remember_segment(key, [relations[n.name] for n in nodes])
             done += len(nodes)
             progress(done, total)
         self._check_outputs(output_placements, relations, result)
@@ -124,7 +122,8 @@ class Verifier:
             relations[node.name] = self._infer(node, relations, result)
 
     def _segments(self) -> list[tuple[str, list[Node]]]:
-        """Runs of consecutive reference ops in one region (placeholders on their own)."""
+        """Runs of consecutive reference ops in one region (placeholders count as outside every
+        layer)."""
         runs: list[tuple[str, list[Node]]] = []
         for node in self.ref:
             region = "" if node.op == "placeholder" else region_of(node.source.module)
@@ -133,6 +132,15 @@ class Verifier:
             else:
                 runs.append((region, [node]))
         return runs
+
+    def _remember_segment(self, key: SegmentKey, found: list[Relation | None]) -> None:
+        try:
+            canonical = [key.to_canonical(relation) for relation in found]
+        except KeyError:  # a relation names a rank tensor the key does not cover: do not reuse
+            return
+        self.segment_memo[key.digest] = canonical
+        if self.store is not None:
+            self.store.put("layer", key.digest, canonical)
 
     def _stored_segment(self, key: SegmentKey) -> list | None:
         stored = self.segment_memo.get(key.digest)

@@ -1,4 +1,5 @@
-"""Command line: `scalify verify CONFIG [--json FILE] [--html FILE] [--numeric]`.
+"""Command line: `scalify verify CONFIG [--json FILE] [--html FILE] [--numeric]` and
+`scalify sweep SWEEP [--out DIR]`.
 
 Exit codes: 0 verified, 1 discrepancy (or a numeric cross-check that disagrees), 2 bad input.
 """
@@ -22,16 +23,42 @@ def _parser() -> argparse.ArgumentParser:
     verify.add_argument("--html", help="write the HTML report here")
     verify.add_argument("--numeric", action="store_true",
                         help="also run the captured graphs on random inputs and compare")
+    sweep = commands.add_parser("sweep", help="verify every point of a grid and plot the cost")
+    sweep.add_argument("config", help="sweep YAML file (an experiment plus `grid:`)")
+    sweep.add_argument("--out", default="reports", help="folder for the plot (default: reports)")
     return parser
+
+
+def _bars(console: Console) -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(),
+                    TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+                    console=console, transient=True)
+
+
+def _sweep(args: argparse.Namespace, console: Console) -> int:
+    from rich.table import Table
+
+    from .sweep import run_sweep
+
+    with _bars(console) as bars:
+        task = bars.add_task("sweep", total=None)
+        points = run_sweep(args.config, args.out,
+                           lambda done, total: bars.update(task, completed=done, total=total))
+    table = Table("point", "verdict", "capture s", "verify s", "windows")
+    for point in points:
+        t = point.report.timings
+        table.add_row(", ".join(f"{k}={v}" for k, v in point.values.items()), point.report.verdict,
+                      f"{t['capture_s']:.2f}", f"{t['verify_s']:.2f}",
+                      str(point.report.stats["windows"]))
+    console.print(table)
+    return 0 if all(point.report.verified for point in points) else 1
 
 
 def _verify(args: argparse.Namespace, console: Console) -> int:
     from .api import verify
     from .report.render import print_summary, to_html, to_json
 
-    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-               TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True) as bars:
+    with _bars(console) as bars:
         tasks: dict[str, int] = {}
 
         def progress(stage: str, done: int, total: int) -> None:
@@ -55,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     console = Console(stderr=False)
     try:
-        return _verify(args, console)
+        return _sweep(args, console) if args.command == "sweep" else _verify(args, console)
     except ScalifyError as error:
         print(f"scalify: error: {error}", file=sys.stderr)
         return 2

@@ -23,18 +23,21 @@ def flatten(mapping: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def log_run(report: Report, tracking: TrackingSpec) -> str:
-    """Record one run in the MLflow store `tracking.uri`; returns the run id."""
+def log_run(report: Report, tracking: TrackingSpec, nested: bool = False) -> str:
+    """Record one run in the MLflow store `tracking.uri` (inside the active run when `nested`);
+    returns the run id."""
     import mlflow
 
-    mlflow.set_tracking_uri(tracking.uri)
-    mlflow.set_experiment(tracking.experiment)
+    if not nested:
+        mlflow.set_tracking_uri(tracking.uri)
+        mlflow.set_experiment(tracking.experiment)
     metrics = {**report.timings,
                **{k: float(v) for k, v in report.stats.items() if isinstance(v, (int, float))},
                "discrepancies": float(len(report.discrepancies))}
     if report.numeric is not None:
         metrics["numeric_max_relative_error"] = min(report.numeric["max_relative_error"], 1e300)
-    with mlflow.start_run(run_name=report.name) as run, tempfile.TemporaryDirectory() as folder:
+    with mlflow.start_run(run_name=report.name, nested=nested) as run, \
+            tempfile.TemporaryDirectory() as folder:
         mlflow.log_params({k: str(v)[:500] for k, v in flatten(report.config).items()})
         mlflow.log_metrics(metrics)
         mlflow.set_tags({"verdict": report.verdict, "scalify.name": report.name})

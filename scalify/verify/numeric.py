@@ -18,7 +18,7 @@ from ..placements import Partial, Placement, Replicate, Shard
 _FLOATS = {"float32", "float16", "bfloat16", "float64"}
 
 
-def _value(node: Node, inputs: list[torch.Tensor], per_rank: list[torch.Tensor] | None) -> torch.Tensor:
+def _value(node: Node, inputs: list[torch.Tensor]) -> torch.Tensor:
     attrs = dict(node.attrs)
     if node.op in ("full", "literal") and attrs.get("dtype") in _FLOATS:
         attrs["dtype"] = "float64"
@@ -41,7 +41,7 @@ def run_graph(graph: Graph, env: dict[str, torch.Tensor]) -> dict[str, torch.Ten
     values = dict(env)
     for node in graph:
         if node.op != "placeholder":
-            values[node.name] = _value(node, [values[i] for i in node.inputs], None)
+            values[node.name] = _value(node, [values[i] for i in node.inputs])
     return values
 
 

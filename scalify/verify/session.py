@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from egglog import bindings
 
 from ..rules import prelude
-from .store import ProofStore
+from .store import MemoStore
 
 _LEAF = re.compile(r'\(dist "([^"]+)"\)')
 _SAME = re.compile(r'\(same "([^"]+)" "([^"]+)"\)')
@@ -50,7 +50,7 @@ class EgglogSession:
     """Windows share one e-graph with the prelude loaded; each runs inside push/pop."""
 
     def __init__(self, iterations: int = 12, memoize: bool = True,
-                 store: ProofStore | None = None) -> None:
+                 store: MemoStore | None = None) -> None:
         self.iterations = iterations
         self.memoize = memoize
         self.store = store

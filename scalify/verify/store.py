@@ -10,11 +10,21 @@ import hashlib
 import json
 import sqlite3
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ..rules import prelude
 
 _SCHEMA = "CREATE TABLE IF NOT EXISTS proofs (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
+
+
+class MemoStore(Protocol):
+    """Where proofs are kept: this SQLite store, or a proxy to one (the Ray memo actor)."""
+
+    def get(self, kind: str, key: str) -> Any | None: ...
+
+    def put(self, kind: str, key: str, value: Any) -> None: ...
+
+    def commit(self) -> None: ...
 
 
 class ProofStore:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections import deque
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Callable
 
 from ..errors import ShapeError
@@ -24,7 +25,7 @@ from .encode import encode
 from .relations import Relation, describe, expected_output, from_placement, leaf
 from .segments import SegmentKey, segment_key
 from .session import EgglogSession
-from .store import ProofStore
+from .store import MemoStore, ProofStore
 
 _LAYER = re.compile(r"^(.*?\.\d+)(\.|$)")
 _LEAF_NAME = re.compile(r'\(dist "([^"]+)"\)')
@@ -56,14 +57,39 @@ class Verification:
     layer_hits: int = 0
     relations: dict[str, Relation | None] = field(default_factory=dict)
 
+    def absorb(self, outcome: SegmentOutcome) -> None:
+        self.discrepancies += outcome.discrepancies
+        self.windows += outcome.windows
+        self.blocked += outcome.blocked
+        self.memo_hits += outcome.memo_hits
+        self.memo_misses += outcome.memo_misses
+
+
+@dataclass
+class SegmentOutcome:
+    """What proving one segment found: its ops' relations, discrepancies and counts."""
+
+    relations: dict[str, Relation | None]
+    discrepancies: list[Discrepancy]
+    windows: int = 0
+    blocked: int = 0
+    memo_hits: int = 0
+    memo_misses: int = 0
+
+
+SegmentRunner = Callable[[int, dict[str, Relation | None]], SegmentOutcome]
+
 
 class Verifier:
     """Infers relations for one reference graph against one distributed graph."""
 
     def __init__(self, ref: Graph, dist: DistributedGraph, options: VerifyOptions,
-                 session: EgglogSession | None = None) -> None:
+                 session: EgglogSession | None = None, store: MemoStore | None = None) -> None:
+        """`store` (default: a ProofStore at `options.memo_store`) holds proofs across runs."""
         self.ref, self.dist, self.options = ref, dist, options
-        self.store = ProofStore(options.memo_store) if options.memo_store and options.memo else None
+        if store is None and options.memo_store and options.memo:
+            store = ProofStore(options.memo_store)
+        self.store = store if options.memo else None
         self.session = session or EgglogSession(options.iterations + 4 * dist.world_size,
                                                 options.memo, self.store)
         self.users = dist.graph.users()
@@ -81,12 +107,16 @@ class Verifier:
     # Entry point.
 
     def run(self, placements: dict[str, Placement], output_placements: list[Placement],
-            progress: Callable[[int, int], None] = lambda done, total: None) -> Verification:
+            progress: Callable[[int, int], None] = lambda done, total: None,
+            verify_segment: SegmentRunner | None = None) -> Verification:
+        """Verify segment by segment; `verify_segment` (default: this verifier's own) lets an
+        executor prove missed segments elsewhere, e.g. on Ray actors."""
         result = Verification()
         relations = result.relations
         self.placements = placements
+        run_segment = verify_segment or self.verify_segment
         total, done = len(self.ref.nodes), 0
-        for region, nodes in self._segments():
+        for index, (region, nodes) in enumerate(self.segments):
             key = self._segment_key(region, nodes, relations)
             stored = self._stored_segment(key) if key else None
             if stored is not None:
@@ -94,18 +124,36 @@ class Verifier:
                     relations[node.name] = key.from_canonical(relation)
                 result.layer_hits += 1
             else:
-                before = len(result.discrepancies)
-                for node in nodes:
-                    self._visit(node, relations, result)
-                if key and len(result.discrepancies) == before:
+                outcome = run_segment(index, self.boundary(index, relations))
+                relations.update(outcome.relations)
+                result.absorb(outcome)
+                if key and not outcome.discrepancies:
                     self._remember_segment(key, [relations[n.name] for n in nodes])
+                if self.store is not None:
+                    self.store.commit()  # a job that dies keeps every finished segment
             done += len(nodes)
             progress(done, total)
         self._check_outputs(output_placements, relations, result)
-        if self.store is not None:
-            self.store.commit()
-        result.memo_hits, result.memo_misses = self.session.hits, self.session.misses
+        result.memo_hits += self.session.hits
+        result.memo_misses += self.session.misses
         return result
+
+    def boundary(self, index: int, relations: dict[str, Relation | None]) -> dict[str, Relation | None]:
+        """The relations segment `index` reads from outside itself."""
+        nodes = self.segments[index][1]
+        inside = {node.name for node in nodes}
+        return {name: relations[name] for node in nodes for name in node.inputs
+                if name not in inside}
+
+    def verify_segment(self, index: int, incoming: dict[str, Relation | None]) -> SegmentOutcome:
+        """Infer the relations of one segment's reference ops from the relations flowing in."""
+        partial = Verification(relations=dict(incoming))
+        hits, misses = self.session.hits, self.session.misses
+        for node in self.segments[index][1]:
+            self._visit(node, partial.relations, partial)
+        found = {node.name: partial.relations[node.name] for node in self.segments[index][1]}
+        return SegmentOutcome(found, partial.discrepancies, partial.windows, partial.blocked,
+                              self.session.hits - hits, self.session.misses - misses)
 
     # Inputs.
 
@@ -121,7 +169,8 @@ class Verifier:
         else:
             relations[node.name] = self._infer(node, relations, result)
 
-    def _segments(self) -> list[tuple[str, list[Node]]]:
+    @cached_property
+    def segments(self) -> list[tuple[str, list[Node]]]:
         """Runs of consecutive reference ops in one region (placeholders count as outside every
         layer)."""
         runs: list[tuple[str, list[Node]]] = []

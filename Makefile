@@ -3,7 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test bench clean
+.PHONY: venv demo test browser bench clean
 
 venv: $(STAMP)
 
@@ -18,6 +18,13 @@ demo: venv
 
 test: venv
 	$(VENV)/bin/python -m pytest
+
+# Debian's Chromium, for tests/report/test_html_browser.py; does nothing when it is installed.
+browser:
+	command -v chromium >/dev/null || { \
+	  sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$sudo apt-get update && \
+	  $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium; }
 
 bench: venv
 	$(VENV)/bin/python benchmarks/run.py

@@ -11,11 +11,14 @@ from torch import nn
 from .capture.ranks import capture_ranks
 from .capture.tracer import capture
 from .config import Experiment, load_experiment
+from .engine import Executor, InlineExecutor, VerifyJob, executor_for
 from .ir.distributed import merge_ranks
+from .ir.symmetry import symbolic_program
 from .placements import Placement, Replicate, Shard
 from .report.model import Report
 from .verify.numeric import cross_check
-from .verify.verifier import Verifier, VerifyOptions
+from .verify.relations import even_placements
+from .verify.verifier import VerifyOptions
 
 Progress = Callable[[str, int, int], None]
 
@@ -30,13 +33,15 @@ def verify_modules(reference: nn.Module, rank_module_factory: Callable[[int], nn
                    input_placements: dict[str, Placement] | None = None,
                    output_placements: list[Placement] | None = None, *, numeric: bool = False,
                    name: str = "modules", progress: Progress = _quiet,
-                   options: VerifyOptions | None = None, capture_workers: int = 1) -> Report:
+                   options: VerifyOptions | None = None, capture_workers: int = 1,
+                   executor: Executor | None = None) -> Report:
     """Prove that `rank_module_factory(r)` for r < world_size computes what `reference` computes.
 
     `example_inputs` are reference-shaped tensors (meta, fake or real) passed to both forwards
     as keyword arguments (a tuple is named arg0, arg1, ...); `param_placements` maps reference
     parameter/buffer names to placements (unlisted: Replicate); outputs default to Replicate.
-    `capture_workers > 1` captures ranks in forked processes as well as this one.
+    `capture_workers > 1` captures ranks in forked processes as well as this one; `executor`
+    (default: inline) proves the segments.
     """
     inputs = _named(example_inputs)
     input_placements = input_placements or {}
@@ -48,14 +53,20 @@ def verify_modules(reference: nn.Module, rank_module_factory: Callable[[int], nn
         _call, lambda r: progress("capture", r + 1, world_size), workers=capture_workers)
     timings["capture_s"] = time.perf_counter() - start
     start = time.perf_counter()
-    dist = merge_ranks(rank_graphs)
     placements = {**(param_placements or {}), **input_placements}
+    options = options or VerifyOptions()
+    symbolic, symmetry = None, "off"
+    if options.rank_symmetry:
+        symbolic, symmetry = (symbolic_program(rank_graphs) if even_placements(placements, world_size)
+                              else (None, "a placement repeats chunks across ranks"))
+    # The per-rank graph is needed to verify without symmetry and to run the numbers.
+    dist = merge_ranks(rank_graphs) if symbolic is None or numeric else None
     outputs = output_placements or [Replicate()] * len(ref_graph.outputs)
     timings["lowering_s"] = time.perf_counter() - start
     start = time.perf_counter()
-    verifier = Verifier(ref_graph, dist, options or VerifyOptions())
-    result = verifier.run(placements, outputs,
-                          lambda done, total: progress("verify", done, total))
+    job = VerifyJob(ref_graph, symbolic or dist, options, placements, outputs)
+    result, engine_stats = (executor or InlineExecutor()).run(
+        job, lambda done, total: progress("verify", done, total))
     timings["verify_s"] = time.perf_counter() - start
     numeric_result = None
     if numeric:
@@ -65,17 +76,18 @@ def verify_modules(reference: nn.Module, rank_module_factory: Callable[[int], nn
     timings["total_s"] = sum(timings.values())
     verified = not result.discrepancies
     stats = {"world_size": world_size, "reference_nodes": len(ref_graph),
-             "distributed_nodes": len(dist.graph), "windows": result.windows,
+             "distributed_nodes": sum(len(g) for g in rank_graphs), "windows": result.windows,
              "memo_hits": result.memo_hits, "memo_misses": result.memo_misses,
              "layer_memo_hits": result.layer_hits,
-             "blocked_ops": result.blocked}
+             "blocked_ops": result.blocked, "rank_symmetry": symmetry, **engine_stats}
     return Report(name, verified, "verified" if verified else "discrepancy", result.discrepancies,
                   timings, stats, numeric_result)
 
 
 def verify(config: str | os.PathLike | dict | Experiment, *, numeric: bool | None = None,
-           progress: Progress = _quiet) -> Report:
-    """Verify the experiment a YAML file (or dict, or loaded Experiment) describes."""
+           progress: Progress = _quiet, executor: Executor | None = None) -> Report:
+    """Verify the experiment a YAML file (or dict, or loaded Experiment) describes, on `executor`
+    (default: the one its `engine` section asks for)."""
     from .models import build_reference, example_inputs, make_hf_config
     from .parallel import build_rank_model, param_placements
 
@@ -95,7 +107,9 @@ def verify(config: str | os.PathLike | dict | Experiment, *, numeric: bool | Non
         numeric=experiment.verify.numeric if numeric is None else numeric, name=experiment.name,
         progress=progress, capture_workers=os.cpu_count() or 1,
         options=VerifyOptions(window_depth=experiment.verify.window_depth,
-                              memo=experiment.verify.memo, memo_store=experiment.verify.memo_store))
+                              memo=experiment.verify.memo, memo_store=experiment.verify.memo_store,
+                              rank_symmetry=experiment.verify.rank_symmetry),
+        executor=executor or executor_for(experiment.engine))
     report.config = experiment.to_dict()
     if experiment.tracking.enabled:
         from .tracking import log_run

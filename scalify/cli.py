@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .errors import ScalifyError
+from .report.model import Report
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -72,10 +73,19 @@ def _verify(args: argparse.Namespace, console: Console) -> int:
         to_json(report, args.json)
     if args.html:
         to_html(report, args.html)
-    numeric_ok = report.numeric is None or report.numeric["agrees"] == report.verified
-    if not numeric_ok:
+    if not numeric_agrees(report):
         console.print("[bold red]the numeric cross-check disagrees with the verdict[/]")
-    return 0 if report.verified and numeric_ok else 1
+    return exit_code(report)
+
+
+def numeric_agrees(report: Report) -> bool:
+    """Whether the numeric cross-check, if it ran, agrees with the verdict."""
+    return report.numeric is None or report.numeric["agrees"] == report.verified
+
+
+def exit_code(report: Report) -> int:
+    """0 when verified (and the numbers, if checked, agree), else 1."""
+    return 0 if report.verified and numeric_agrees(report) else 1
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,6 +20,7 @@ REPO_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 PLAN_STYLES = ("megatron",)
 LOGITS_MODES = ("gathered", "vocab_parallel")
 HARDWARE_TARGETS = ("gpu", "neuron")
+ENGINE_KINDS = ("auto", "inline", "ray")
 FAMILIES = tuple(sorted({preset.family for preset in PRESETS.values()}))
 
 
@@ -68,6 +69,7 @@ class VerifyOptions:
     memo: bool = True
     memo_store: str | None = None
     window_depth: int = 4
+    rank_symmetry: bool = True
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,17 @@ class TrackingSpec:
     enabled: bool = False
     uri: str = "sqlite:///mlruns.db"
     experiment: str = "scalify"
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """Where segments are proved: in this process (inline), on Ray actors (ray), or on Ray when
+    RAY_ADDRESS is set and inline otherwise (auto). `address` is the cluster to join (default:
+    RAY_ADDRESS, else a local instance); `actors` the number of verification actors."""
+
+    kind: str = "auto"
+    address: str | None = None
+    actors: int = 2
 
 
 @dataclass(frozen=True)
@@ -90,6 +103,7 @@ class Experiment:
     inputs: InputSpec
     verify: VerifyOptions
     tracking: TrackingSpec
+    engine: EngineSpec
     source: str
 
     def world_size(self) -> int:
@@ -246,12 +260,13 @@ _SCHEMAS: dict[type, dict[str, Checker]] = {
     HardwareSpec: {"name": _text, "target": _choice(*HARDWARE_TARGETS), "devices": _positive_int},
     InputSpec: {"batch": _positive_int, "seq": _positive_int},
     VerifyOptions: {"numeric": _boolean, "memo": _boolean, "memo_store": _optional_text,
-                    "window_depth": _positive_int},
+                    "window_depth": _positive_int, "rank_symmetry": _boolean},
     TrackingSpec: {"enabled": _boolean, "uri": _text, "experiment": _text},
+    EngineSpec: {"kind": _choice(*ENGINE_KINDS), "address": _optional_text, "actors": _positive_int},
 }
 _HF_CHECKERS: dict[type, Checker] = {bool: _boolean, int: _positive_int, float: _positive_number, str: _text}
 _REFERENCE_DIRS = {"model": "models", "plan": "plans", "hardware": "hardware"}
-_SECTIONS = ("model", "plan", "hardware", "inputs", "verify", "tracking")
+_SECTIONS = ("model", "plan", "hardware", "inputs", "verify", "tracking", "engine")
 _TOP_KEYS = ("name", "overrides", *_SECTIONS)
 
 
@@ -369,5 +384,6 @@ def load_experiment(source: str | os.PathLike | dict) -> Experiment:
         inputs=_build(InputSpec, *sections["inputs"]),
         verify=_build(VerifyOptions, *sections["verify"]),
         tracking=_build(TrackingSpec, *sections["tracking"]),
+        engine=_build(EngineSpec, *sections["engine"]),
         source=origin.file,
     )

@@ -2,8 +2,9 @@
 
 A sweep file is an experiment (model, plan, hardware, ...) plus `grid:`, a mapping from an
 override path to a list of values; `tensor_parallel` sets the plan's degree and the device count
-together. Points run one after another; with tracking enabled each is an MLflow run nested under
-one parent run, which also holds the plot.
+together. Points run one after another, or concurrently as Ray tasks when the experiment's
+engine is Ray; with tracking enabled each is an MLflow run nested under one parent run, logged
+once every point is done, which also holds the plot.
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from typing import Any, Callable
 
 import yaml
 
-from .api import verify
+from .config import load_experiment
+from .engine import executor_for
 from .errors import ConfigError
 from .report.model import Report
 
@@ -58,10 +60,9 @@ def run_sweep(path: str | Path, out_dir: str | Path = "reports",
               progress: Callable[[int, int], None] = lambda done, total: None) -> list[SweepPoint]:
     base, grid = load_sweep(path)
     combos = [dict(zip(grid, combo)) for combo in itertools.product(*grid.values())]
-    points = []
-    for done, values in enumerate(combos, 1):
-        points.append(SweepPoint(values, verify(point_config(base, values))))
-        progress(done, len(combos))
+    experiments = [load_experiment(point_config(base, values)) for values in combos]
+    reports = executor_for(experiments[0].engine).verify_all(experiments, progress)
+    points = [SweepPoint(values, report) for values, report in zip(combos, reports)]
     plot = plot_cost(points, Path(out_dir) / f"{base['name']}.png")
     tracking = base.get("tracking") or {}
     if tracking.get("enabled"):

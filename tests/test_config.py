@@ -9,6 +9,7 @@ import yaml
 
 from scalify.config import (
     REPO_CONFIGS,
+    EngineSpec,
     HardwareSpec,
     InputSpec,
     PlanSpec,
@@ -107,6 +108,13 @@ inputs: {seq: 8}
     assert experiment.verify.numeric and experiment.tracking.enabled
 
 
+def test_engine_is_auto_by_default_and_set_like_any_section() -> None:
+    assert load_experiment(MINIMAL_DICT).engine == EngineSpec(kind="auto", address=None, actors=2)
+    experiment = load_experiment({**MINIMAL_DICT, "engine": {"kind": "ray", "actors": 4},
+                                  "overrides": {"engine.address": "ray://head:10001"}})
+    assert experiment.engine == EngineSpec(kind="ray", address="ray://head:10001", actors=4)
+
+
 def test_inline_sections_and_a_dict_source_load_alike() -> None:
     data = {
         "name": "inline",
@@ -151,9 +159,11 @@ X = "configs/experiments/x.yaml"
         (MINIMAL + "verify: {numeric: 1}\n", f"{X}: verify.numeric: expected true or false, got 1"),
         (
             MINIMAL + "verify: {numerik: true}\n",
-            f"{X}: verify.numerik: unknown key (expected one of: memo, memo_store, numeric, window_depth)",
+            f"{X}: verify.numerik: unknown key (expected one of: memo, memo_store, numeric, rank_symmetry, window_depth)",
         ),
-        (MINIMAL + "verfy: {}\n", f"{X}: verfy: unknown key (expected one of: hardware, inputs,"),
+        (MINIMAL + "verfy: {}\n", f"{X}: verfy: unknown key (expected one of: engine, hardware, inputs,"),
+        (MINIMAL + "engine: {kind: spark}\n", f"{X}: engine.kind: expected one of: auto, inline, ray, got 'spark'"),
+        (MINIMAL + "engine: {actors: 0}\n", f"{X}: engine.actors: expected a positive integer, got 0"),
         (MINIMAL + "inputs: [1, 16]\n", f"{X}: inputs: expected a mapping, got [1, 16]"),
         (
             "model: llama-tiny\nplan: {logits: all}\nhardware: gpu-1\n",

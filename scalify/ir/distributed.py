@@ -18,6 +18,7 @@ class DistributedGraph:
     world_size: int
     rank_outputs: list[list[str]]
     order: dict[str, tuple[int, int]]  # (rank, position in that rank's program): a canonical order
+    symbolic: bool = False  # one program stands for every rank (see ir/symmetry.py)
 
     def rank_of(self, name: str) -> int:
         return int(name[1:name.index("/")])

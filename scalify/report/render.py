@@ -1,14 +1,15 @@
 """Renders a report: rich terminal summary, JSON, and a self-contained HTML page."""
 from __future__ import annotations
 
-import html
 import json
+from html import escape
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from .model import Report
+from ..ir.graph import SourceLoc
+from .model import Discrepancy, Report
 
 
 def to_json(report: Report, path: str | Path) -> None:
@@ -27,9 +28,7 @@ def print_summary(report: Report, console: Console) -> None:
     console.print(table)
     console.print(", ".join(f"{k}: {v}" for k, v in report.stats.items()))
     if report.numeric is not None:
-        agrees = "agrees" if report.numeric["agrees"] else "DIFFERS"
-        console.print(f"numeric cross-check: max relative error "
-                      f"{report.numeric['max_relative_error']:.3g} ({agrees})")
+        console.print(_numeric_summary(report.numeric))
     for number, d in enumerate(report.discrepancies, 1):
         console.print(f"\n[bold red]discrepancy {number}[/]: reference {d.ref_op} in {d.module or 'top'}")
         console.print(f"  reference: {d.ref_source}  {d.ref_source.code}")
@@ -43,38 +42,65 @@ def print_summary(report: Report, console: Console) -> None:
             console.print(f"  placement: {placement}")
 
 
+def _numeric_summary(numeric: dict) -> str:
+    agrees = "agrees" if numeric["agrees"] else "DIFFERS"
+    return f"numeric cross-check: max relative error {numeric['max_relative_error']:.3g} ({agrees})"
+
+
 def to_html(report: Report, path: str | Path) -> None:
-    """One page, no external assets."""
-    e = html.escape
-    rows = "".join(f"<tr><td>{e(k)}</td><td>{v:.2f}</td></tr>" for k, v in report.timings.items())
-    stats = "".join(f"<tr><td>{e(k)}</td><td>{e(str(v))}</td></tr>" for k, v in report.stats.items())
-    parts = []
-    for number, d in enumerate(report.discrepancies, 1):
-        nearby = "".join(f"<li><code>{e(str(loc))}</code> <pre>{e(loc.code)}</pre>"
-                         f"called from {e(', '.join(loc.callers))}</li>" for loc in d.nearby)
-        inputs = "".join(f"<li>{e(text)}</li>" for text in d.inputs)
-        parts.append(
-            f"<section class='discrepancy'><h3>Discrepancy {number}: reference <code>{e(d.ref_op)}</code>"
-            f" in <code>{e(d.module)}</code></h3>"
-            f"<p>Reference: <code>{e(str(d.ref_source))}</code><pre>{e(d.ref_source.code)}</pre></p>"
-            f"<p>Distributed: <code class='location'>{e(str(d.dist_source))}</code>"
-            f"<pre>{e(d.dist_source.code)}</pre></p>"
-            f"<p><b>Found</b>: {e(d.found)}</p><p><b>Expected</b>: {e(d.expected)}</p>"
-            f"<p><b>Hint</b>: {e(d.hint)}</p><p>Inputs:</p><ul>{inputs}</ul>"
-            f"<p>Sharded parameters feeding this op:</p>"
-            f"<ul>{''.join(f'<li>{e(p)}</li>' for p in d.placements)}</ul>"
-            f"<p>Distributed lines nearby:</p><ul>{nearby}</ul></section>")
-    numeric = ""
-    if report.numeric is not None:
-        numeric = (f"<p>Numeric cross-check: max relative error "
-                   f"{report.numeric['max_relative_error']:.3g}</p>")
+    """One page, no external assets: verdict, timings, statistics, then each discrepancy."""
+    timings = {stage.removesuffix("_s"): f"{seconds:.2f}" for stage, seconds in report.timings.items()}
+    numeric = ("" if report.numeric is None
+               else f"<p class='numeric'>{escape(_numeric_summary(report.numeric))}</p>")
+    sections = "".join(_discrepancy_html(number, d)
+                       for number, d in enumerate(report.discrepancies, 1))
     colour = "#1a7f37" if report.verified else "#cf222e"
-    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>Scalify: {e(report.name)}</title>
-<style>body{{font-family:sans-serif;max-width:60em;margin:2em auto}}pre{{background:#f6f8fa;padding:.4em}}
-table{{border-collapse:collapse}}td{{border:1px solid #ccc;padding:.2em .6em}}
-.verdict{{color:{colour}}}</style></head><body>
-<h1>Scalify report: {e(report.name)}</h1><h2 class="verdict" id="verdict">{e(report.verdict)}</h2>
-<h3>Timings (s)</h3><table>{rows}</table><h3>Statistics</h3><table>{stats}</table>{numeric}
-{''.join(parts)}</body></html>"""
+    page = f"""<!doctype html><html><head><meta charset="utf-8">
+<title>Scalify: {escape(report.name)} ({escape(report.verdict)})</title>
+<style>body{{font-family:sans-serif;max-width:60em;margin:2em auto}}
+pre{{background:#f6f8fa;padding:.4em;margin:.2em 0}}table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:.2em .6em;text-align:left}}.module,.callers{{color:#57606a}}
+.source{{margin:.6em 0}}.verdict{{color:{colour}}}</style></head><body>
+<h1>Scalify report: {escape(report.name)}</h1><h2 class="verdict" id="verdict">{escape(report.verdict)}</h2>
+<h3>Timings (s)</h3>{_table(timings, "timings")}
+<h3>Statistics</h3>{_table({k: str(v) for k, v in report.stats.items()}, "stats")}{numeric}
+{sections}</body></html>"""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(page)
+
+
+def _discrepancy_html(number: int, d: Discrepancy) -> str:
+    """The reference op, the distributed line blamed, found vs expected, and the rank nodes nearby."""
+    relation = _table({"Found": d.found, "Expected": d.expected}, "relation")
+    nearby = "".join(_source_html(loc, "nearby") for loc in d.nearby)
+    nearby_html = f"<h4>Rank nodes nearby</h4>{nearby}" if nearby else ""
+    return (f"<section class='discrepancy'><h3>Discrepancy {number}: reference "
+            f"<code>{escape(d.ref_op)}</code> ({escape(d.ref_node)}) in "
+            f"<code>{escape(d.module or 'top')}</code></h3>"
+            f"<h4>Reference op</h4>{_source_html(d.ref_source, 'reference')}"
+            f"<h4>Distributed source</h4>{_source_html(d.dist_source, 'distributed')}"
+            f"{relation}<p class='hint'><b>Hint</b>: {escape(d.hint)}</p>"
+            f"{_list_html('Inputs', d.inputs)}"
+            f"{_list_html('Sharded parameters feeding this op', d.placements)}"
+            f"{nearby_html}</section>")
+
+
+def _source_html(loc: SourceLoc, role: str) -> str:
+    """`file:line`, module path, the code on that line and the user frames that called it."""
+    callers = (f"<div class='callers'>called from {escape(', '.join(loc.callers))}</div>"
+               if loc.callers else "")
+    return (f"<div class='source {role}'><code class='location'>{escape(str(loc))}</code> "
+            f"<span class='module'>{escape(loc.module)}</span>"
+            f"<pre class='code'>{escape(loc.code)}</pre>{callers}</div>")
+
+
+def _table(rows: dict[str, str], role: str) -> str:
+    cells = "".join(f"<tr><th>{escape(key)}</th><td>{escape(value)}</td></tr>"
+                    for key, value in rows.items())
+    return f"<table class='{role}'>{cells}</table>"
+
+
+def _list_html(title: str, items: list[str]) -> str:
+    if not items:
+        return ""
+    return f"<p>{title}:</p><ul>{''.join(f'<li>{escape(item)}</li>' for item in items)}</ul>"

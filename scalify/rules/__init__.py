@@ -1,7 +1,9 @@
 """Rewrite rules, generated from op traits and grouped by theory, and the egglog program they make."""
 from __future__ import annotations
 
-from . import elementwise, embedding, matmul, movement, reduction
+from dataclasses import replace
+
+from . import elementwise, embedding, matmul, movement, ranks, reduction
 from .base import Rule
 from .families import FACTS
 from .terms import DECLARATIONS, render
@@ -11,7 +13,12 @@ THEORIES = (elementwise, reduction, matmul, movement, embedding)
 
 
 def all_rules() -> list[Rule]:
-    return [rule for theory in THEORIES for rule in theory.rules()]
+    return [rule for theory in THEORIES for rule in theory.rules()] + rank_rules()
+
+
+def rank_rules() -> list[Rule]:
+    """The rank-family theory (its own ruleset, run only for symmetric programs)."""
+    return [replace(rule, world=ranks.WORLD) for rule in ranks.rules()]
 
 
 def prelude() -> str:
@@ -19,7 +26,9 @@ def prelude() -> str:
     relations = "\n".join(f"(relation {name} (String))" for name in sorted(FACTS))
     facts = "\n".join(f"({name} {render(member)})" for name, members in sorted(FACTS.items())
                       for member in sorted(members))
-    rules = "\n".join(rule.egglog(RULESET) for rule in all_rules())
+    rules = "\n".join(rule.egglog(RULESET) for theory in THEORIES for rule in theory.rules())
+    family_rules = "\n".join(rule.egglog(ranks.RULESET) for rule in rank_rules())
     probe = "(rule ((target t k) (= t (dist n))) ((same k n)) :ruleset probe)"
-    return "\n".join([DECLARATIONS, relations, f"(ruleset {RULESET})", "(ruleset probe)", "(ruleset window)", facts,
-                      rules, *movement.FACT_RULES, probe])
+    return "\n".join([DECLARATIONS, relations, f"(ruleset {RULESET})", "(ruleset probe)", "(ruleset window)",
+                      f"(ruleset {ranks.RULESET})", facts, rules, family_rules,
+                      *ranks.fact_rules(), *movement.FACT_RULES, probe])

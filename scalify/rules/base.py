@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 import torch
 
-from .terms import App, Term, evaluate, parse
+from .terms import App, At, Family, Term, evaluate, parse
 
 Example = Callable[[torch.Generator, dict[str, str]], dict[str, Any]]
 
@@ -26,6 +26,7 @@ class Rule:
     example: Example
     when: tuple[str, ...] = ()
     families: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    world: int = 1  # ranks a test evaluates both sides on (rank-family rules use several)
 
     def egglog(self, ruleset: str) -> str:
         conditions = f" :when ({' '.join(self.when)})" if self.when else ""
@@ -39,26 +40,29 @@ class Rule:
         return choices
 
 
-def check_conditions(rule: Rule, env: dict[str, Any], facts: dict[str, set[str]]) -> bool:
-    """Evaluate the rule's side conditions on concrete bindings."""
-    return all(_condition(parse(text), env, facts) for text in rule.when)
+def check_conditions(rule: Rule, env: dict[str, Any], facts: dict[str, set[str]],
+                     at: At = At()) -> bool:
+    """Evaluate the rule's side conditions on concrete bindings, on rank `at`."""
+    return all(_condition(parse(text), env, facts, at) for text in rule.when)
 
 
-def _condition(term: Term, env: dict[str, Any], facts: dict[str, set[str]]) -> bool:
+def _condition(term: Term, env: dict[str, Any], facts: dict[str, set[str]], at: At) -> bool:
     assert isinstance(term, App)
+    if term.head == "inv":  # the same value on every rank
+        return not isinstance(env[str(term.args[0]).lstrip("?")], Family)
     if term.head in facts:
-        return _value(term.args[0], env) in facts[term.head]
-    left, right = (_value(a, env) for a in term.args)
+        return _value(term.args[0], env, at) in facts[term.head]
+    left, right = (_value(a, env, at) for a in term.args)
     if isinstance(left, torch.Tensor) or isinstance(right, torch.Tensor):
         return torch.equal(left, right) == (term.head == "=")
     return {"=": left == right, "!=": left != right, "<": left < right, "<=": left <= right,
             ">": left > right, ">=": left >= right}[term.head]
 
 
-def _value(term: Term, env: dict[str, Any]) -> Any:
-    return evaluate(term, env)
+def _value(term: Term, env: dict[str, Any], at: At) -> Any:
+    return evaluate(term, env, at)
 
 
-def evaluate_sides(rule: Rule, env: dict[str, Any]) -> tuple[Any, Any]:
-    """Both sides of the rule on concrete bindings."""
-    return evaluate(parse(rule.lhs), env), evaluate(parse(rule.rhs), env)
+def evaluate_sides(rule: Rule, env: dict[str, Any], at: At = At()) -> tuple[Any, Any]:
+    """Both sides of the rule on concrete bindings, on rank `at`."""
+    return evaluate(parse(rule.lhs), env, at), evaluate(parse(rule.rhs), env, at)

@@ -74,6 +74,15 @@ def _slice_rules() -> list[Rule]:
     ]
 
 
+# Every movement op: its attribute variables, an operand shape and attributes that fit it.
+MOVEMENT_OPS = (
+    ("merge", "d i", SHAPE, {"d": 1, "i": 2}), ("split", "d i", SHAPE, {"d": 1, "i": 3}),
+    ("unsqueeze", "d", SHAPE, {"d": 2}), ("squeeze", "d", (4, 1, 3), {"d": 1}),
+    ("transpose", "d e", SHAPE, {"d": 0, "e": 2}), ("expand", "d n", (4, 1, 3), {"d": 1, "n": 5}),
+    ("slice", "d s e", SHAPE, {"d": 1, "s": 2, "e": 5}),
+)
+
+
 def _psum_rule(op: str, attrs: str, shape: tuple[int, ...], **extra) -> Rule:
     return Rule(f"{op}-over-psum", f"({op} (psum a b) {attrs})",
                 f"(psum ({op} a {attrs}) ({op} b {attrs}))",
@@ -157,13 +166,7 @@ def rules() -> list[Rule]:
         Rule("unsqueeze-order", "(unsqueeze (unsqueeze x d) e)", "(unsqueeze (unsqueeze x e) (+ d 1))",
              lambda gen, c: {"x": tensor(gen, 4, 6), "d": 1, "e": 0}, when=("(<= e d)",)),
         *_slice_rules(),
-        _psum_rule("merge", "d i", SHAPE, d=1, i=2),
-        _psum_rule("split", "d i", SHAPE, d=1, i=3),
-        _psum_rule("unsqueeze", "d", SHAPE, d=2),
-        _psum_rule("squeeze", "d", (4, 1, 3), d=1),
-        _psum_rule("transpose", "d e", SHAPE, d=0, e=2),
-        _psum_rule("expand", "d n", (4, 1, 3), d=1, n=5),
-        _psum_rule("slice", "d s e", SHAPE, d=1, s=2, e=5),
+        *(_psum_rule(op, attrs, shape, **example) for op, attrs, shape, example in MOVEMENT_OPS),
     ]
 
 

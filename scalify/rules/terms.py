@@ -15,7 +15,7 @@ import torch
 from ..ir.ops import OPS
 
 RELATIONAL = frozenset({"dist", "const", "concat", "psum", "pmax", "slice", "expand", "unsqueeze",
-                        "squeeze"})
+                        "squeeze", "rcat", "rsum", "rmax", "rslice"})
 COMPUTE_COST = 1000
 
 DECLARATIONS = f"""
@@ -46,8 +46,16 @@ DECLARATIONS = f"""
   (opaque1 String T :cost {COMPUTE_COST})
   (opaque2 String T T :cost {COMPUTE_COST})
   (opaque3 String T T T :cost {COMPUTE_COST})
-  (opaque4 String T T T T :cost {COMPUTE_COST}))
+  (opaque4 String T T T T :cost {COMPUTE_COST})
+  (rcat T i64 i64 :cost 1)
+  (rsum T :cost 1)
+  (rmax T :cost 1)
+  (rslice T i64 i64 :cost 2)
+  (embed_rrange T T i64 :cost {COMPUTE_COST})
+  (cmp_int_r String T i64 i64 :cost {COMPUTE_COST})
+  (add_int_r T i64 i64 :cost {COMPUTE_COST}))
 (function dimsize (T i64) i64 :merge (min old new))
+(relation inv (T))
 (relation target (T String))
 (relation same (String String))
 """
@@ -168,16 +176,68 @@ def parse_op_key(key: str) -> tuple[str, dict[str, Any]]:
     return op, attrs
 
 
-# Numeric meaning of every constructor, for rule tests and counterexamples.
+# Numeric meaning of every constructor, for rule tests and counterexamples. A term denotes one
+# value per rank: leaves bound to a `Family` differ by rank, the `r*` constructors combine the
+# values of every rank, and all other constructors apply rank by rank.
 
-def evaluate(term: Term, env: dict[str, Any]) -> Any:
+class Family(list):
+    """A rank-varying value: entry r is its value on rank r."""
+
+
+@dataclass(frozen=True)
+class At:
+    """Where a term is evaluated: on `rank` of `world` ranks."""
+
+    rank: int = 0
+    world: int = 1
+
+    def each(self) -> list["At"]:
+        return [At(r, self.world) for r in range(self.world)]
+
+
+def evaluate(term: Term, env: dict[str, Any], at: At = At()) -> Any:
     """Evaluate a term on real tensors; `env` binds variables and leaf names."""
     if isinstance(term, str):
-        return env[term.lstrip("?")] if term.startswith("?") else term
+        value = env[term.lstrip("?")] if term.startswith("?") else term
+        return value[at.rank] if isinstance(value, Family) else value
     if isinstance(term, (int, float)):
         return term
-    args = [evaluate(a, env) for a in term.args]
-    return _CONSTRUCTORS[term.head](*args) if term.head not in ("dist", "const") else env[args[0]]
+    if term.head in _ACROSS_RANKS:
+        return _ACROSS_RANKS[term.head](term.args, env, at)
+    args = [evaluate(a, env, at) for a in term.args]
+    if term.head in _AT_RANK:
+        return _AT_RANK[term.head](at.rank, *args)
+    if term.head in ("dist", "const"):
+        value = env[args[0]]
+        return value[at.rank] if isinstance(value, Family) else value
+    return _CONSTRUCTORS[term.head](*args)
+
+
+def _rank_concat(args: tuple, env: dict[str, Any], at: At) -> torch.Tensor:
+    parts = [evaluate(args[0], env, where) for where in at.each()]
+    dim, size = evaluate(args[1], env, at), evaluate(args[2], env, at)
+    if any(part.shape[dim] != size for part in parts):
+        raise ValueError(f"rcat size {size} does not match the ranks' parts")
+    return torch.cat(parts, dim)
+
+
+def _rank_reduce(combine: Any) -> Any:
+    def across(args: tuple, env: dict[str, Any], at: At) -> torch.Tensor:
+        values = [evaluate(args[0], env, where) for where in at.each()]
+        result = values[0]
+        for value in values[1:]:
+            result = combine(result, value)
+        return result
+    return across
+
+
+def _rank_slice(args: tuple, env: dict[str, Any], at: At) -> torch.Tensor:
+    value, dim, size = (evaluate(a, env, at) for a in args)
+    return value.narrow(dim, at.rank * size, size)
+
+
+_ACROSS_RANKS = {"rcat": _rank_concat, "rsum": _rank_reduce(torch.add),
+                 "rmax": _rank_reduce(torch.maximum), "rslice": _rank_slice}
 
 
 def _run(op: str, inputs: list[torch.Tensor], attrs: dict[str, Any]) -> torch.Tensor:
@@ -200,6 +260,12 @@ def _embed_range(weight: torch.Tensor, ids: torch.Tensor, start: int) -> torch.T
     rows = torch.nn.functional.embedding(torch.where(inside, ids - start, 0), weight)
     return rows * inside.unsqueeze(-1).to(rows.dtype)
 
+
+_AT_RANK = {  # constructors whose constants are affine in the rank: scale * rank + offset
+    "cmp_int_r": lambda r, f, x, a, b: _run(f + "_scalar", [x], {"value": a * r + b}),
+    "add_int_r": lambda r, x, a, b: x + (a * r + b),
+    "embed_rrange": lambda r, w, ids, s: _embed_range(w, ids, r * s),
+}
 
 _CONSTRUCTORS = {
     "+": lambda a, b: a + b,

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from ..ir.graph import Node
 from ..ir.ops import OPS, UNARY, BINARY
+from ..ir.symmetry import RankAffine
 from ..rules.terms import op_key, render
 from .relations import concat_terms, nest
 
@@ -19,6 +20,15 @@ def encode(node: Node, args: list[str], arg_shapes: list[tuple[int, ...]]) -> st
     """The egglog term for `node` applied to the terms `args` (whose shapes are `arg_shapes`)."""
     op, attrs = node.op, dict(node.attrs)
     trait = OPS[op].trait
+    if "family" in attrs:
+        return _family_collective(node, args[0], arg_shapes[0])
+    if isinstance(attrs.get("value"), RankAffine):
+        value = attrs["value"]
+        if op == "add_scalar":
+            return f"(add_int_r {args[0]} {value.scale} {value.offset})"
+        return f'(cmp_int_r "{_INT_COMPARISONS[op]}" {args[0]} {value.scale} {value.offset})'
+    if op == "slice" and isinstance(attrs["start"], RankAffine):
+        return f"(rslice {args[0]} {attrs['dim']} {attrs['start'].scale})"
     if op in _INT_COMPARISONS and isinstance(attrs["value"], int):
         return f'(cmp_int "{_INT_COMPARISONS[op]}" {args[0]} {attrs["value"]})'
     if op == "add_scalar" and isinstance(attrs["value"], int):
@@ -59,3 +69,13 @@ def encode(node: Node, args: list[str], arg_shapes: list[tuple[int, ...]]) -> st
         return f"(slice {nest('psum', args)} 0 {start} {start + size})"
     key = render(op_key(op, _attrs(node, "shape")))
     return f"(opaque{len(args)} {key} {' '.join(args)})"
+
+
+def _family_collective(node: Node, arg: str, arg_shape: tuple[int, ...]) -> str:
+    """A collective of the symbolic program: a term over the whole rank family."""
+    if node.op == "all_reduce":
+        return f"({'rmax' if node.attr('reduce') == 'max' else 'rsum'} {arg})"
+    if node.op == "all_gather":
+        dim = node.attr("dim", 0)
+        return f"(rcat {arg} {dim} {arg_shape[dim]})"
+    return f"(rslice (rsum {arg}) 0 {node.shape[0]})"  # reduce_scatter

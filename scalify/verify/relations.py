@@ -89,6 +89,35 @@ def _shard_relation(target: str, placement: Shard, ref_shape: Shape, rank_names:
     return Relation(concat_terms(terms, [piece] * len(terms), dim), aliases)
 
 
+def family_relation(target: str, placement: Placement, ref_shape: Shape, name: str,
+                    local_shape: Shape, world: int) -> Relation:
+    """The relation a placement states for a symbolic program, where leaf `name` stands for
+    every rank's input (ir/symmetry.py)."""
+    if isinstance(placement, (Replicate, Partial)):
+        _expect_shapes(target, placement, [local_shape], [ref_shape])
+        if isinstance(placement, Replicate):
+            return Relation(leaf(name))
+        return Relation(f"({'rmax' if placement.op == 'max' else 'rsum'} {leaf(name)})")
+    assert isinstance(placement, Shard)
+    dim = placement.dim % len(ref_shape)
+    if list(placement.chunks(world)) != list(range(world)) or ref_shape[dim] % (world * placement.blocks):
+        raise ShapeError(f"{target}: {placement} is not an even shard over {world} ranks")
+    piece = ref_shape[dim] // (world * placement.blocks)
+    local = tuple(piece * placement.blocks if d == dim else s for d, s in enumerate(ref_shape))
+    _expect_shapes(target, placement, [local_shape], [local])
+    if placement.blocks == 1:
+        return Relation(f"(rcat {leaf(name)} {dim} {piece})")
+    terms = [f"(rcat (slice {leaf(name)} {dim} {b * piece} {(b + 1) * piece}) {dim} {piece})"
+             for b in range(placement.blocks)]
+    return Relation(concat_terms(terms, [piece * world] * placement.blocks, dim))
+
+
+def even_placements(placements: dict[str, Placement], world: int) -> bool:
+    """Whether every placement is expressible over a rank family (no repeated chunks)."""
+    return all(not isinstance(p, Shard) or list(p.chunks(world)) == list(range(world))
+               for p in placements.values())
+
+
 def _expect_shapes(target: str, placement: Placement, got: list[Shape], want: list[Shape]) -> None:
     for rank, (g, w) in enumerate(zip(got, want)):
         if tuple(g) != tuple(w):
@@ -97,8 +126,11 @@ def _expect_shapes(target: str, placement: Placement, got: list[Shape], want: li
 
 
 def expected_output(placement: Placement, rank_outputs: list[str],
-                    rank_shapes: list[Shape]) -> list[str]:
-    """Terms the reference output must equal for `placement` (one per check)."""
+                    rank_shapes: list[Shape], symbolic: bool = False) -> list[str]:
+    """Terms the reference output must equal for `placement` (one per check); for a symbolic
+    program, `rank_outputs` is its one output standing for every rank."""
+    if symbolic:
+        return [_family_output(placement, rank_outputs[0], rank_shapes[0])]
     if isinstance(placement, Replicate):
         return [leaf(name) for name in rank_outputs]
     if isinstance(placement, Partial):
@@ -109,12 +141,28 @@ def expected_output(placement: Placement, rank_outputs: list[str],
     return [concat_terms([leaf(n) for n in rank_outputs], [s[dim] for s in rank_shapes], dim)]
 
 
+def _family_output(placement: Placement, name: str, shape: Shape) -> str:
+    if isinstance(placement, Replicate):
+        return leaf(name)
+    if isinstance(placement, Partial):
+        return f"({'rmax' if placement.op == 'max' else 'rsum'} {leaf(name)})"
+    assert isinstance(placement, Shard)
+    dim = placement.dim % len(shape)
+    return f"(rcat {leaf(name)} {dim} {shape[dim]})"
+
+
 def describe(term: Term, name_of: dict[str, str]) -> str:
     """A short human description: a placement when the term is one, else the term itself."""
     if isinstance(term, App):
         names = leaves(term)
         if term.head == "dist":
             return f"the rank tensor {name_of.get(term.args[0], term.args[0])}"
+        family = isinstance(term.args[0], App) and term.args[0].head == "dist"
+        if term.head == "rcat" and family:
+            return f"Shard({term.args[1]}) over all ranks of {describe(term.args[0], name_of)}"
+        if term.head in ("rsum", "rmax") and family:
+            return (f"Partial({term.head[1:]}) over all ranks of "
+                    f"{describe(term.args[0], name_of)}")
         if term.head == "concat" and _chain_of(term, "concat") and len(set(names)) == len(names):
             return f"Shard({term.args[2]}) of {_rank_list(names, name_of)}"
         if term.head == "psum" and _chain_of(term, "psum"):

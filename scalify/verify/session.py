@@ -50,8 +50,10 @@ class EgglogSession:
     """Windows share one e-graph with the prelude loaded; each runs inside push/pop."""
 
     def __init__(self, iterations: int = 12, memoize: bool = True,
-                 store: MemoStore | None = None) -> None:
+                 store: MemoStore | None = None, rank_families: bool = False) -> None:
+        """`rank_families` also runs the rank-family rules (for symmetric programs)."""
         self.iterations = iterations
+        self.rulesets = ["lemmas", "ranks"] if rank_families else ["lemmas"]
         self.memoize = memoize
         self.store = store
         self.memo: dict[str, Outcome] = {}
@@ -102,7 +104,8 @@ class EgglogSession:
         return True
 
     def _schedule(self) -> str:
-        return f"(run-schedule (repeat {self.iterations} (run lemmas)))"
+        runs = " ".join(f"(run {name})" for name in self.rulesets)
+        return f"(run-schedule (repeat {self.iterations} (seq {runs})))"
 
     def _run(self, program: str) -> Outcome:
         egraph = self._egraph

@@ -22,7 +22,8 @@ from ..report.model import Discrepancy
 from ..rules.families import LINEAR_UNARY_OPS
 from ..rules.terms import App, is_relational, leaves, op_key, parse, render
 from .encode import encode
-from .relations import Relation, describe, expected_output, from_placement, leaf
+from .relations import (Relation, describe, expected_output, family_relation,
+                        from_placement, leaf)
 from .segments import SegmentKey, segment_key
 from .session import EgglogSession
 from .store import MemoStore, ProofStore
@@ -45,6 +46,7 @@ class VerifyOptions:
     iterations: int = 12  # plus 4 per rank: nested concats unfold one level per iteration
     memo: bool = True  # prove identical windows once
     memo_store: str | None = None  # SQLite file shared by runs
+    rank_symmetry: bool = True  # verify one symbolic program for all ranks when they allow it
 
 
 @dataclass
@@ -90,13 +92,15 @@ class Verifier:
         if store is None and options.memo_store and options.memo:
             store = ProofStore(options.memo_store)
         self.store = store if options.memo else None
-        self.session = session or EgglogSession(options.iterations + 4 * dist.world_size,
-                                                options.memo, self.store)
+        unfold = 0 if dist.symbolic else 4 * dist.world_size
+        self.session = session or EgglogSession(options.iterations + unfold, options.memo,
+                                                self.store, rank_families=dist.symbolic)
         self.users = dist.graph.users()
         self.dist_const = constant_keys(dist.graph)
         self.ref_const = constant_keys(ref)
         self.region = {n.name: region_of(n.source.module) for n in dist.graph}
-        self.labels = {n.name: _label(n, dist.rank_of(n.name)) for n in dist.graph}
+        self.labels = {n.name: _label(n, "every rank" if dist.symbolic else
+                                      f"rank {dist.rank_of(n.name)}") for n in dist.graph}
         self.region_nodes: dict[str, list[Node]] = {}
         for name in sorted(self.region, key=dist.order.get):
             if name not in self.dist_const and dist.graph[name].op != "placeholder":
@@ -134,8 +138,6 @@ class Verifier:
             done += len(nodes)
             progress(done, total)
         self._check_outputs(output_placements, relations, result)
-        result.memo_hits += self.session.hits
-        result.memo_misses += self.session.misses
         return result
 
     def boundary(self, index: int, relations: dict[str, Relation | None]) -> dict[str, Relation | None]:
@@ -206,6 +208,13 @@ class Verifier:
 
     def _input_relation(self, node: Node, placements: dict[str, Placement]) -> Relation:
         target = node.attr("target")
+        placement = placements.get(target, Replicate())
+        if self.dist.symbolic:
+            name = f"r0/{target}"
+            if name not in self.dist.graph:
+                raise ShapeError(f"{target}: the ranks' programs have no input of that name")
+            return family_relation(target, placement, node.shape, name,
+                                   self.dist.graph[name].shape, self.dist.world_size)
         names = []
         for rank in range(self.dist.world_size):
             name = f"r{rank}/{target}"
@@ -213,7 +222,7 @@ class Verifier:
                 raise ShapeError(f"{target}: rank {rank}'s program has no input of that name")
             names.append(name)
         shapes = [self.dist.graph[n].shape for n in names]
-        return from_placement(target, placements.get(target, Replicate()), node.shape, names, shapes)
+        return from_placement(target, placement, node.shape, names, shapes)
 
     # One reference op.
 
@@ -250,6 +259,8 @@ class Verifier:
         shapes = [self.ref[i].shape for i in node.inputs]
         lines = [f"(let $y {encode(node, ref_args, shapes)})"]
         lines += [f"(union {term} {leaf(name)})" for r in inputs for term, name in r.facts()]
+        if self.dist.symbolic:  # each relation equals the reference value on every rank
+            lines += [f"(inv {r.term})" for r in inputs]
         for name in defined:
             lines.append(f"(union {leaf(name)} {self._definition(name)})")
         for name in dict.fromkeys(_LEAF_NAME.findall("\n".join(lines))):  # in order of appearance
@@ -317,13 +328,13 @@ class Verifier:
                 continue
             rank_outputs = [outs[position] for outs in self.dist.rank_outputs]
             shapes = [self.dist.graph[n].shape for n in rank_outputs]
-            expected = expected_output(placement, rank_outputs, shapes)
+            expected = expected_output(placement, rank_outputs, shapes, self.dist.symbolic)
             known = set(relation.leaf_names())
             region = region_of(self.dist.graph[rank_outputs[0]].source.module)
             window = self._window(known, region, self.options.window_depth)
             defined = self._with_dependencies(window, known, sorted(known, key=self.dist.order.get),
                                               region)
-            program = "\n".join([f"(let $y {relation.term})"] +
+            program = "\n".join([f"(let $y {relation.term})", f"(inv {relation.term})"] +
                                 [f"(union {t} {leaf(n)})" for t, n in relation.facts()] +
                                 [f"(union {leaf(n)} {self._definition(n)})" for n in defined])
             if not self.session.holds(program, expected):
@@ -337,7 +348,8 @@ class Verifier:
         described = [describe(parse(r.term), self.labels) for r in inputs]
         lowest = [n for n in window if self.dist.rank_of(n) == min(
             (self.dist.rank_of(w) for w in window), default=0)]
-        partial = next((i for i, r in enumerate(inputs) if parse(r.term).head == "psum"), None)
+        partial = next((i for i, r in enumerate(inputs) if parse(r.term).head in ("psum", "rsum")),
+                       None)
         if partial is not None:
             producer = self.dist.graph[leaves(parse(inputs[partial].term))[0]]
             primary = producer.source
@@ -396,15 +408,20 @@ def _inherited(inputs: list[Relation], mentioned: set[str]) -> tuple[tuple[str, 
     return tuple(dict.fromkeys(kept))
 
 
-def _label(node: Node, rank: int) -> str:
+def _label(node: Node, ranks: str) -> str:
     where = f"{node.source.module or 'top'}" + (f" @ {node.source}" if node.source.file else "")
-    return f"rank {rank} {node.op} ({where})"
+    return f"{ranks}: {node.op} ({where})"
 
 
 def _hint(node: Node, found: App) -> str:
     trait = OPS[node.op].trait
-    if trait in ("reduce", "softmax") and isinstance(found.args[1], App) \
-            and found.args[1].head == "concat" and found.args[1].args[2] == found.args[2]:
+    operand = found.args[1] if trait in ("reduce", "softmax") else None
+    sharded_dim = None
+    if isinstance(operand, App) and operand.head == "concat":
+        sharded_dim = operand.args[2]
+    elif isinstance(operand, App) and operand.head == "rcat":
+        sharded_dim = operand.args[1]
+    if sharded_dim is not None and sharded_dim == found.args[2]:
         return (f"{node.op} over dim {found.args[2]}, which is sharded across ranks, with no "
                 "reduction across ranks")
     if trait == "movement":

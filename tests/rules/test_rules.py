@@ -5,6 +5,7 @@ import torch
 from scalify.rules import all_rules
 from scalify.rules.base import check_conditions, evaluate_sides
 from scalify.rules.families import FACTS
+from scalify.rules.terms import At
 
 CASES = [(rule, choice) for rule in all_rules() for choice in rule.instances()]
 
@@ -14,10 +15,12 @@ CASES = [(rule, choice) for rule in all_rules() for choice in rule.instances()]
 def test_rule_sides_agree_numerically(rule, choice):
     gen = torch.Generator().manual_seed(0)
     env = rule.example(gen, choice)
-    assert check_conditions(rule, env, FACTS), "the example does not satisfy the rule's conditions"
-    lhs, rhs = evaluate_sides(rule, env)
-    assert lhs.shape == rhs.shape
-    assert torch.allclose(lhs.double(), rhs.double(), rtol=1e-9, atol=1e-9, equal_nan=True)
+    for rank in range(rule.world):  # a term has one value per rank
+        at = At(rank, rule.world)
+        assert check_conditions(rule, env, FACTS, at), "the example violates the rule's conditions"
+        lhs, rhs = evaluate_sides(rule, env, at)
+        assert lhs.shape == rhs.shape
+        assert torch.allclose(lhs.double(), rhs.double(), rtol=1e-9, atol=1e-9, equal_nan=True)
 
 
 def test_rule_names_are_unique():

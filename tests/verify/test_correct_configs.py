@@ -14,11 +14,25 @@ CASES = [
 ]
 
 
+# llama-tiny-gqa has 2 kv heads: from TP=4 on, ranks hold repeated kv chunks, which one rank
+# family cannot express, so those cases take the per-rank path.
+PER_RANK = {("llama-tiny", 1), ("gpt2-tiny", 1), ("llama-tiny-gqa", 4), ("llama-tiny-gqa", 8)}
+
+
 @pytest.mark.parametrize("model,family,tp", CASES, ids=[f"{m}-tp{t}" for m, _, t in CASES])
 def test_correct_tensor_parallel_verifies(model, family, tp):
     report = scalify.verify(experiment(model, family, tp), numeric=True)
     assert report.verdict == "verified", [d.hint for d in report.discrepancies]
     assert report.numeric["agrees"], report.numeric
+    assert (report.stats["rank_symmetry"] == "used") == ((model, tp) not in PER_RANK)
+
+
+@pytest.mark.parametrize("model,family,tp", [c for c in CASES if c[2] in (2, 4)],
+                         ids=[f"{m}-tp{t}" for m, _, t in CASES if t in (2, 4)])
+def test_per_rank_path_verifies_too(model, family, tp):
+    report = scalify.verify(experiment(model, family, tp, rank_symmetry=False))
+    assert report.verdict == "verified", [d.hint for d in report.discrepancies]
+    assert report.stats["rank_symmetry"] == "off"
 
 
 @pytest.mark.parametrize("tp", [4, 8])

@@ -28,9 +28,12 @@ def planted_line(bug: str) -> int:
     return lines[0]
 
 
+@pytest.mark.parametrize("symmetry", [True, False], ids=["one-program", "per-rank"])
 @pytest.mark.parametrize("bug,model,family,tp", CASES)
-def test_planted_bug_is_caught_at_its_line(bug, model, family, tp):
-    report = scalify.verify(experiment(model, family, tp, bug=bug), numeric=True)
+def test_planted_bug_is_caught_at_its_line(bug, model, family, tp, symmetry):
+    report = scalify.verify(experiment(model, family, tp, bug=bug, rank_symmetry=symmetry),
+                            numeric=True)
+    assert report.stats["rank_symmetry"] == ("used" if symmetry else "off")
     assert report.verdict == "discrepancy"
     assert not report.numeric["agrees"], "the bug must change the numbers"
     first = report.discrepancies[0]

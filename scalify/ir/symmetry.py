@@ -1,0 +1,149 @@
+"""Rank symmetry: when every rank runs one program up to rank-affine integers, verify it once.
+
+SPMD ranks usually differ only in integers such as the first vocabulary row a rank holds. If
+rank r's graph equals rank 0's with each differing integer equal to `scale * r + offset`, the
+family of programs is one symbolic program: collectives become whole-family terms (`rsum`,
+`rcat`, `rslice`) and the differing integers become `RankAffine` values. Verifying it proves
+every rank at once, at a cost that does not grow with the number of ranks. Anything else (a
+sub-group collective, uneven shards, a non-affine difference) keeps the per-rank path.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from .distributed import COLLECTIVES, DistributedGraph, qualified
+from .graph import Graph, Node
+
+# Integer attributes that may differ by rank, per op.
+_RANK_ATTRS = {"add_scalar": ("value",), "lt_scalar": ("value",), "le_scalar": ("value",),
+               "gt_scalar": ("value",), "ge_scalar": ("value",), "eq_scalar": ("value",),
+               "ne_scalar": ("value",), "slice": ("start", "end")}
+
+
+@dataclass(frozen=True)
+class RankAffine:
+    """An integer that is `scale * rank + offset` on each rank."""
+
+    scale: int
+    offset: int
+
+    def at(self, rank: int) -> int:
+        return self.scale * rank + self.offset
+
+    def __repr__(self) -> str:
+        return f"{self.scale}*rank+{self.offset}"
+
+
+def symbolic_program(graphs: list[Graph]) -> tuple[DistributedGraph | None, str]:
+    """The one program that stands for every rank, or None and the reason there is none."""
+    world = len(graphs)
+    if world < 2:
+        return None, "a single rank"
+    first = graphs[0]
+    if any(len(g) != len(first) or g.outputs != first.outputs for g in graphs[1:]):
+        return None, "the ranks' programs differ in length or outputs"
+    nodes = []
+    for position, node in enumerate(first.nodes):
+        peers = [g.nodes[position] for g in graphs]
+        symbolic, why = _unify(node, peers, world)
+        if symbolic is None:
+            return None, why
+        nodes.append(symbolic)
+    graph = Graph(outputs=[qualified(0, o) for o in first.outputs])
+    for node in _gather_along(nodes, world):
+        graph.add(node)
+    order = {node.name: (0, i) for i, node in enumerate(graph.nodes)}
+    return DistributedGraph(graph, world, [list(graph.outputs)], order, symbolic=True), "used"
+
+
+def _unify(node: Node, peers: list[Node], world: int) -> tuple[Node | None, str]:
+    for peer in peers[1:]:
+        if (peer.op, peer.inputs, peer.shape, peer.dtype, [k for k, _ in peer.attrs]) != \
+                (node.op, node.inputs, node.shape, node.dtype, [k for k, _ in node.attrs]):
+            return None, f"{node.source}: the ranks run different {node.op} ops here"
+    attrs = []
+    for index, (key, value) in enumerate(node.attrs):
+        values = [peer.attrs[index][1] for peer in peers]
+        if all(v == value for v in values):
+            attrs.append((key, value))
+            continue
+        affine = _affine(values) if key in _RANK_ATTRS.get(node.op, ()) else None
+        if affine is None:
+            return None, (f"{node.source}: {node.op} attribute {key} differs across ranks "
+                          f"({', '.join(map(repr, values[:4]))}, ...) and is not affine in the rank")
+        attrs.append((key, affine))
+    if node.op in COLLECTIVES:
+        group = tuple(dict(attrs).get("group") or range(world))
+        if group != tuple(range(world)):
+            return None, f"{node.source}: {node.op} on the sub-group {list(group)}"
+        attrs = [(k, v) for k, v in attrs if k != "group"] + [("family", world)]
+    if node.op == "slice" and not _rank_block(dict(attrs)):
+        return None, f"{node.source}: a rank-dependent slice that is not the rank's own block"
+    return replace(node, name=qualified(0, node.name),
+                   inputs=tuple(qualified(0, i) for i in node.inputs), attrs=tuple(attrs)), ""
+
+
+def _affine(values: list) -> RankAffine | None:
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        return None
+    affine = RankAffine(values[1] - values[0], values[0])
+    return affine if all(affine.at(r) == v for r, v in enumerate(values)) else None
+
+
+def _rank_block(attrs: dict) -> bool:
+    """A slice whose bounds are constant, or exactly block `rank` of equal blocks."""
+    start, end = attrs["start"], attrs["end"]
+    if not isinstance(start, RankAffine) and not isinstance(end, RankAffine):
+        return True
+    return (isinstance(start, RankAffine) and isinstance(end, RankAffine) and start.offset == 0
+            and start.scale == end.scale == end.offset)
+
+
+def _gather_along(nodes: list[Node], world: int) -> list[Node]:
+    """Fold `all_gather` (dim 0) + one slice per rank block + concats along dim e into one family
+    gather along e (how functional collectives gather along other dims)."""
+    by_name = {node.name: node for node in nodes}
+    users: dict[str, list[str]] = {}
+    for node in nodes:
+        for name in node.inputs:
+            users.setdefault(name, []).append(node.name)
+
+    def operands(concat: Node, inner: list[str]) -> list[str]:
+        """The concat chain's leaves, descending into concats along the same dim used only here
+        (collected in `inner`)."""
+        leaves = []
+        for name in concat.inputs:
+            node = by_name[name]
+            if node.op == "concat" and node.attr("dim") == concat.attr("dim") and \
+                    users[name] == [concat.name]:
+                inner.append(name)
+                leaves += operands(node, inner)
+            else:
+                leaves.append(name)
+        return leaves
+
+    folded: dict[str, Node] = {}
+    dropped: set[str] = set()
+    for node in nodes:
+        if node.op != "all_gather":
+            continue
+        rows = node.shape[0] // world
+        blocks = [by_name[name] for name in users.get(node.name, [])]
+        if len(blocks) != world or any(
+                b.op != "slice" or dict(b.attrs) != {"dim": 0, "start": k * rows, "end": (k + 1) * rows}
+                or len(users.get(b.name, [])) != 1 for k, b in enumerate(blocks)):
+            continue
+        top = by_name[users[blocks[0].name][0]]
+        while top.op == "concat" and len(users.get(top.name, [])) == 1 and \
+                by_name[users[top.name][0]].op == "concat" and \
+                by_name[users[top.name][0]].attr("dim") == top.attr("dim"):
+            top = by_name[users[top.name][0]]
+        inner: list[str] = []
+        if top.op != "concat" or operands(top, inner) != [b.name for b in blocks]:
+            continue
+        folded[top.name] = replace(top, op="all_gather", inputs=node.inputs,
+                                   attrs=(("dim", top.attr("dim")), ("family", world)),
+                                   source=node.source)
+        dropped.update([node.name, *(b.name for b in blocks), *inner])
+    return [folded.get(node.name, node) for node in nodes if node.name not in dropped]
+

@@ -1,0 +1,230 @@
+"""Rank-family rules: one symbolic program stands for every rank (rank symmetry).
+
+A term denotes one value per rank. `(rcat x d s)` concatenates every rank's `x` along `d` (each
+of size `s`), `(rsum x)` / `(rmax x)` reduce over ranks, and `(rslice t d s)` is block `rank` of
+`t`; all other constructors apply rank by rank. A rule that moves a term `z` into a family must
+know that `z` has the same value on every rank: `(inv z)`. Windows state it for the reference's
+relations (each equals the reference value on every rank), and the invariance rules below
+propagate it through rank-wise constructors.
+"""
+from __future__ import annotations
+
+import torch
+
+from .base import Rule
+from .examples import tensor
+from .movement import MOVEMENT_OPS
+from .families import (ADDITIVE, BINARY_KEYS, LINEAR_UNARY_KEYS, NORMALIZATIONS, REDUCTIONS,
+                       SCALES_LEFT, SCALES_RIGHT, UNARY_KEYS)
+from .terms import Family
+
+RULESET = "ranks"
+WORLD = 3  # ranks in every example
+SHAPE = (3, 2, 5)  # one rank's part; examples shard dim 1
+
+
+def family(gen: torch.Generator, *shape: int) -> Family:
+    return Family(tensor(gen, *shape) for _ in range(WORLD))
+
+
+def _part(dim: int = 1, shape: tuple[int, ...] = SHAPE, **extra):
+    """`x` a family of parts concatenated along `dim` (bound as `c` when the op has its own `d`)."""
+    def example(gen, choice):
+        return {"x": family(gen, *shape), "c": dim, "s": shape[dim], **extra, **choice}
+    return example
+
+
+def _elementwise() -> list[Rule]:
+    def broadcast(gen, choice):
+        return {"x": family(gen, *SHAPE), "d": 1, "s": 2, "z": tensor(gen, 3, 1, 5), "n": 6,
+                **choice}
+
+    def two(gen, choice):
+        return {"x": family(gen, *SHAPE), "y": family(gen, *SHAPE), "d": 1, "s": 2, **choice}
+
+    def summed(gen, choice):
+        return {"x": family(gen, *SHAPE), "y": tensor(gen, *SHAPE), **choice}
+
+    return [
+        Rule("unary-over-rcat", "(unary f (rcat x d s))", "(rcat (unary f x) d s)",
+             lambda gen, c: {"x": family(gen, *SHAPE), "d": 1, "s": 2, **c},
+             families={"f": UNARY_KEYS}),
+        Rule("binary-over-rcats", "(binary f (rcat x d s) (rcat y d s))",
+             "(rcat (binary f x y) d s)", two, families={"f": BINARY_KEYS}),
+        Rule("binary-over-rcat-and-broadcast", "(binary f (rcat x d s) (expand z d n))",
+             "(rcat (binary f x (expand z d s)) d s)", broadcast, when=("(inv z)",),
+             families={"f": BINARY_KEYS}),
+        Rule("binary-over-broadcast-and-rcat", "(binary f (expand z d n) (rcat x d s))",
+             "(rcat (binary f (expand z d s) x) d s)", broadcast, when=("(inv z)",),
+             families={"f": BINARY_KEYS}),
+        Rule("linear-unary-over-rsum", "(unary f (rsum x))", "(rsum (unary f x))",
+             lambda gen, c: {"x": family(gen, *SHAPE), **c}, when=("(linear_unary f)",),
+             families={"f": LINEAR_UNARY_KEYS}),
+        Rule("additive-over-rsums", "(binary f (rsum x) (rsum y))", "(rsum (binary f x y))", two,
+             when=("(additive f)",), families={"f": ADDITIVE}),
+        Rule("scaling-over-rsum-left", "(binary f (rsum x) y)", "(rsum (binary f x y))", summed,
+             when=("(scales_left f)", "(inv y)"), families={"f": SCALES_LEFT}),
+        Rule("scaling-over-rsum-right", "(binary f y (rsum x))", "(rsum (binary f y x))", summed,
+             when=("(scales_right f)", "(inv y)"), families={"f": SCALES_RIGHT}),
+    ]
+
+
+def _reductions() -> list[Rule]:
+    other = lambda gen, c: {"x": family(gen, *SHAPE), "d": 1, "s": 2, "k": 2, **c}  # noqa: E731
+    same = lambda gen, c: {"x": family(gen, *SHAPE), "d": 1, "s": 2}  # noqa: E731
+    return [
+        Rule("reduce-over-rcat-other-dim", "(reduce f (rcat x d s) k)", "(rcat (reduce f x k) d s)",
+             other, when=("(!= d k)",), families={"f": REDUCTIONS}),
+        Rule("normalize-over-rcat-other-dim", "(softmax f (rcat x d s) k)",
+             "(rcat (softmax f x k) d s)", other, when=("(!= d k)",),
+             families={"f": NORMALIZATIONS}),
+        Rule("sum-over-rcat-dim", '(reduce "sum" (rcat x d s) d)', '(rsum (reduce "sum" x d))', same),
+        Rule("amax-over-rcat-dim", '(reduce "amax" (rcat x d s) d)', '(rmax (reduce "amax" x d))',
+             same),
+        Rule("sum-over-rsum", '(reduce "sum" (rsum x) k)', '(rsum (reduce "sum" x k))',
+             lambda gen, c: {"x": family(gen, *SHAPE), "k": 1}),
+    ]
+
+
+def _matmuls() -> list[Rule]:
+    b, m, k, n = 2, 3, 4, 5
+
+    def example(x_shape, y_shape, x_family, y_family, **extra):
+        def make(gen, choice):
+            x = family(gen, *x_shape) if x_family else tensor(gen, *x_shape)
+            y = family(gen, *y_shape) if y_family else tensor(gen, *y_shape)
+            return {"x": x, "y": y, "r": 3, **extra}
+        return make
+
+    return [
+        Rule("matmul-batch-rcats", "(matmul (rcat x d s) (rcat y d s) r)",
+             "(rcat (matmul x y r) d s)", example((b, m, k), (b, k, n), True, True, d=0, s=b),
+             when=("(< d (- r 2))",)),
+        Rule("matmul-batch-rcat-broadcast", "(matmul (rcat x d s) (expand y d e) r)",
+             "(rcat (matmul x (expand y d s) r) d s)",
+             example((b, m, k), (1, k, n), True, False, d=0, s=b, e=b * WORLD),
+             when=("(< d (- r 2))", "(inv y)")),
+        Rule("matmul-rcat-rows", "(matmul (rcat x d s) y r)", "(rcat (matmul x y r) d s)",
+             example((b, m, k), (b, k, n), True, False, d=1, s=m), when=("(= d (- r 2))", "(inv y)")),
+        Rule("matmul-rcat-columns", "(matmul y (rcat x d s) r)", "(rcat (matmul y x r) d s)",
+             example((b, k, n), (b, m, k), True, False, d=2, s=n), when=("(= d (- r 1))", "(inv y)")),
+        Rule("matmul-rcat-contraction", "(matmul (rcat x d s) (rcat y e s) r)",
+             "(rsum (matmul x y r))", example((b, m, k), (b, k, n), True, True, d=2, e=1, s=k),
+             when=("(= d (- r 1))", "(= e (- r 2))")),
+        Rule("matmul-rsum-left", "(matmul (rsum x) y r)", "(rsum (matmul x y r))",
+             example((b, m, k), (b, k, n), True, False), when=("(inv y)",)),
+        Rule("matmul-rsum-right", "(matmul y (rsum x) r)", "(rsum (matmul y x r))",
+             example((b, k, n), (b, m, k), True, False), when=("(inv y)",)),
+    ]
+
+
+def _moved(name: str, op: str, attrs: str, new_dim: str, when: tuple[str, ...], example,
+           size: str = "s") -> Rule:
+    return Rule(name, f"({op} (rcat x c s) {attrs})", f"(rcat ({op} x {attrs}) {new_dim} {size})",
+                example, when=when)
+
+
+def _movement() -> list[Rule]:
+    four = (4, 6, 2, 3)
+    unit = (4, 6, 1, 3)
+
+    def summed(op: str, attrs: str, shape: tuple[int, ...], **extra) -> Rule:
+        return Rule(f"{op}-over-rsum", f"({op} (rsum x) {attrs})", f"(rsum ({op} x {attrs}))",
+                    lambda gen, c: {"x": family(gen, *shape), **extra})
+
+    def interchange(gen, choice):
+        return {"x": family(gen, 2, 2), "y": family(gen, 2, 4), "d": 0, "s": 2, "k": 1, "ma": 2,
+                "mb": 4}
+
+    def gathered_block(gen, choice):
+        return {"t": tensor(gen, 2, 3 * WORLD), "d": 1, "s": 3}
+
+    return [
+        _moved("merge-rcat-before", "merge", "d i", "c", ("(< c d)",), _part(0, four, d=1, i=2)),
+        _moved("merge-rcat-outer", "merge", "d i", "c", ("(= c d)",), _part(1, four, d=1, i=2),
+               size="(* s i)"),
+        _moved("merge-rcat-after", "merge", "d i", "(- c 1)", ("(> c (+ d 1))",),
+               _part(3, four, d=1, i=2)),
+        _moved("split-rcat-before", "split", "d i", "c", ("(< c d)",), _part(0, four, d=1, i=3)),
+        _moved("split-rcat-same", "split", "d i", "c", ("(= c d)", "(= (% s i) 0)"),
+               _part(1, four, d=1, i=2), size="(/ s i)"),
+        _moved("split-rcat-after", "split", "d i", "(+ c 1)", ("(> c d)",), _part(1, four, d=0, i=2)),
+        _moved("unsqueeze-rcat-before", "unsqueeze", "d", "c", ("(< c d)",), _part(1, four, d=2)),
+        _moved("unsqueeze-rcat-after", "unsqueeze", "d", "(+ c 1)", ("(>= c d)",),
+               _part(1, four, d=1)),
+        _moved("squeeze-rcat-before", "squeeze", "d", "c", ("(< c d)",), _part(1, unit, d=2)),
+        _moved("squeeze-rcat-after", "squeeze", "d", "(- c 1)", ("(> c d)",),
+               _part(3, (4, 1, 2, 3), d=1)),
+        _moved("transpose-rcat-first", "transpose", "d e", "e", ("(= c d)",), _part(1, four, d=1, e=3)),
+        _moved("transpose-rcat-second", "transpose", "d e", "d", ("(= c e)",),
+               _part(3, four, d=1, e=3)),
+        _moved("transpose-rcat-other", "transpose", "d e", "c", ("(!= c d)", "(!= c e)"),
+               _part(0, four, d=1, e=3)),
+        _moved("expand-rcat", "expand", "d n", "c", ("(!= c d)",), _part(1, unit, d=2, n=5)),
+        _moved("slice-rcat-other", "slice", "d a b", "c", ("(!= c d)",), _part(1, four, d=3, a=1, b=3)),
+        Rule("concat-rcat-interchange", "(concat (rcat x d s) (rcat y d s) k ma mb)",
+             "(rcat (concat x y k ma mb) d s)", interchange, when=("(!= d k)",)),
+        Rule("rcat-of-own-blocks", "(rcat (rslice t d s) d s)", "t", gathered_block,
+             when=("(inv t)",)),
+        *(summed(op, attrs, shape, **example) for op, attrs, shape, example in MOVEMENT_OPS),
+    ]
+
+
+def _embedding() -> list[Rule]:
+    def table(gen, choice):
+        rows = 4
+        return {"w": family(gen, rows, 3), "s": rows,
+                "ids": torch.randint(0, rows * WORLD, (2, 5), generator=gen)}
+
+    def masked(gen, choice):
+        env = table(gen, choice)
+        return {**env, "a": -env["s"], "b": 0, "k": 2, "h": 3,
+                "m": _rank_mask(env["ids"], env["s"])}
+
+    lookup = ('(masked_fill (embedding w (masked_fill (add_int_r ids a b) m "0")) '
+              '(expand (unsqueeze m k) k h) "0.0")')
+    return [
+        Rule("embedding-over-rcat-rows", "(embedding (rcat w 0 s) ids)",
+             "(rsum (embed_rrange w ids s))", table, when=("(inv ids)",)),
+        Rule("masked-rank-lookup", lookup, "(embed_rrange w ids s)", masked,
+             when=('(= m (binary "bitwise_or" (cmp_int_r "lt" ids s 0) (cmp_int_r "ge" ids s s)))',
+                   "(= a (- 0 s))", "(= b 0)", "(= s (dimsize w 0))")),
+    ]
+
+
+def _rank_mask(ids: torch.Tensor, rows: int) -> Family:
+    return Family((ids < r * rows) | (ids >= (r + 1) * rows) for r in range(WORLD))
+
+
+def rules() -> list[Rule]:
+    return [*_elementwise(), *_reductions(), *_matmuls(), *_movement(), *_embedding()]
+
+
+# Invariance: the whole-family constructors give one value on every rank, and rank-wise
+# constructors keep it (constructors with rank-dependent constants are left out on purpose).
+_RANK_WISE = {
+    "unary": "f x", "binary": "f x y", "where3": "x y z", "reduce": "f x d", "softmax": "f x d",
+    "matmul": "x y d", "merge": "x d i", "split": "x d i", "unsqueeze": "x d", "squeeze": "x d",
+    "transpose": "x d e", "expand": "x d n", "slice": "x d a b", "concat": "x y d a b",
+    "embedding": "x y", "masked_fill": "x y f", "cmp_int": "f x d", "add_int": "x d",
+}
+_TENSOR_ARGS = ("x", "y", "z")
+# Data movement that loses no element: an invariant result has invariant operands.
+_INJECTIVE = {head: _RANK_WISE[head] for head in
+              ("merge", "split", "unsqueeze", "squeeze", "transpose", "expand", "concat")}
+
+
+def fact_rules() -> list[str]:
+    """Invariance (up through rank-wise constructors, down through lossless movement) and
+    part-size facts."""
+    whole = [f"(rule ((= t ({head}))) ((inv t)) :ruleset {RULESET})"
+             for head in ("rcat x d s", "rsum x", "rmax x", "const f")]
+    sizes = [f"(rule ((= t (rcat x d s))) ((set (dimsize x d) s)) :ruleset {RULESET})"]
+    injective = [f"(rule ((= t ({head} {args})) (inv t)) ({' '.join(f'(inv {a})' for a in args.split() if a in _TENSOR_ARGS)}) :ruleset {RULESET})"
+                 for head, args in _INJECTIVE.items()]
+    wise = []
+    for head, args in _RANK_WISE.items():
+        tensors = [a for a in args.split() if a in _TENSOR_ARGS]
+        premises = " ".join(f"(inv {a})" for a in tensors)
+        wise.append(f"(rule ((= t ({head} {args})) {premises}) ((inv t)) :ruleset {RULESET})")
+    return whole + sizes + wise + injective

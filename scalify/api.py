@@ -78,7 +78,8 @@ def verify_modules(reference: nn.Module, rank_module_factory: Callable[[int], nn
     stats = {"world_size": world_size, "reference_nodes": len(ref_graph),
              "distributed_nodes": sum(len(g) for g in rank_graphs), "windows": result.windows,
              "memo_hits": result.memo_hits, "memo_misses": result.memo_misses,
-             "layer_memo_hits": result.layer_hits,
+             "layer_memo_hits": result.layer_hits, "rule_matches": result.rule_matches,
+             "largest_egraph_nodes": result.largest_egraph,
              "blocked_ops": result.blocked, "rank_symmetry": symmetry, **engine_stats}
     return Report(name, verified, "verified" if verified else "discrepancy", result.discrepancies,
                   timings, stats, numeric_result)

@@ -40,7 +40,8 @@ def log_run(report: Report, tracking: TrackingSpec, nested: bool = False) -> str
             tempfile.TemporaryDirectory() as folder:
         mlflow.log_params({k: str(v)[:500] for k, v in flatten(report.config).items()})
         mlflow.log_metrics(metrics)
-        mlflow.set_tags({"verdict": report.verdict, "scalify.name": report.name})
+        mlflow.set_tags({"verdict": report.verdict, "scalify.name": report.name,
+                         **{k: v[:500] for k, v in report.stats.items() if isinstance(v, str)}})
         to_json(report, Path(folder) / "report.json")
         to_html(report, Path(folder) / "report.html")
         for name in ("report.json", "report.html"):

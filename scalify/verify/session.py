@@ -59,6 +59,8 @@ class EgglogSession:
         self.memo: dict[str, Outcome] = {}
         self.hits = 0
         self.misses = 0
+        self.rule_matches = 0  # over every saturated window
+        self.largest_egraph = 0  # e-nodes of the largest saturated window (prelude included)
         self._egraph = self._fresh()
 
     @staticmethod
@@ -112,7 +114,8 @@ class EgglogSession:
         egraph.run_program(*egraph.parse_program("(push)"))
         try:
             outputs = egraph.run_program(*egraph.parse_program(
-                f"{_batched(program)}\n{self._schedule()}\n(extract $y)"))
+                f"{_batched(program)}\n{self._schedule()}\n(print-size)\n(extract $y)"))
+            self._measure(outputs)
             term = str(outputs[-1]).strip()
             names = list(dict.fromkeys(_LEAF.findall(term)))
             targets = " ".join(f'(target (dist "{n}") "{n}")' for n in names)
@@ -124,6 +127,14 @@ class EgglogSession:
         same = tuple(dict.fromkeys(other for name, other in pairs if name == "$y"))
         aliases = tuple(dict.fromkeys((n, o) for n, o in pairs if n != "$y" and n != o))
         return Outcome(term, same, aliases)
+
+    def _measure(self, outputs: list) -> None:
+        for output in outputs:
+            if isinstance(output, bindings.RunScheduleOutput):
+                self.rule_matches += sum(output.report.num_matches_per_rule.values())
+            elif isinstance(output, bindings.PrintAllFunctionsSize):
+                self.largest_egraph = max(self.largest_egraph,
+                                          sum(size for _, size in output.sizes))
 
     def _execute(self, program: str) -> list:
         egraph = self._egraph

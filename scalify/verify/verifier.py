@@ -57,6 +57,8 @@ class Verification:
     memo_hits: int = 0
     memo_misses: int = 0
     layer_hits: int = 0
+    rule_matches: int = 0
+    largest_egraph: int = 0
     relations: dict[str, Relation | None] = field(default_factory=dict)
 
     def absorb(self, outcome: SegmentOutcome) -> None:
@@ -65,6 +67,8 @@ class Verification:
         self.blocked += outcome.blocked
         self.memo_hits += outcome.memo_hits
         self.memo_misses += outcome.memo_misses
+        self.rule_matches += outcome.rule_matches
+        self.largest_egraph = max(self.largest_egraph, outcome.largest_egraph)
 
 
 @dataclass
@@ -77,6 +81,8 @@ class SegmentOutcome:
     blocked: int = 0
     memo_hits: int = 0
     memo_misses: int = 0
+    rule_matches: int = 0
+    largest_egraph: int = 0
 
 
 SegmentRunner = Callable[[int, dict[str, Relation | None]], SegmentOutcome]
@@ -150,12 +156,15 @@ class Verifier:
     def verify_segment(self, index: int, incoming: dict[str, Relation | None]) -> SegmentOutcome:
         """Infer the relations of one segment's reference ops from the relations flowing in."""
         partial = Verification(relations=dict(incoming))
-        hits, misses = self.session.hits, self.session.misses
+        session = self.session
+        hits, misses, matches = session.hits, session.misses, session.rule_matches
+        session.largest_egraph = 0
         for node in self.segments[index][1]:
             self._visit(node, partial.relations, partial)
         found = {node.name: partial.relations[node.name] for node in self.segments[index][1]}
         return SegmentOutcome(found, partial.discrepancies, partial.windows, partial.blocked,
-                              self.session.hits - hits, self.session.misses - misses)
+                              session.hits - hits, session.misses - misses,
+                              session.rule_matches - matches, session.largest_egraph)
 
     # Inputs.
 

@@ -9,7 +9,7 @@ from ray.actor import ActorHandle
 from ray.exceptions import RayActorError, WorkerCrashedError
 
 from ..verify.relations import Relation
-from ..verify.verifier import SegmentOutcome
+from ..verify.verifier import Verification
 from .cluster import resolve
 from .memo import RemoteStore
 from .worker import SegmentWorker
@@ -68,7 +68,7 @@ class Dispatcher:
         self.retried = 0
         self._loaded: set[ActorHandle] = set()
 
-    def prove(self, index: int, incoming: dict[str, Relation | None]) -> SegmentOutcome:
+    def prove(self, index: int, incoming: dict[str, Relation | None]) -> Verification:
         """A `SegmentRunner` for `Verifier.run`."""
         actor = self.pool.acquire()
         try:

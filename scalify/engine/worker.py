@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ..verify.relations import Relation
 from ..verify.store import MemoStore
-from ..verify.verifier import SegmentOutcome, Verifier
+from ..verify.verifier import Verification, Verifier
 from .job import VerifyJob
 
 
@@ -18,7 +18,7 @@ class SegmentWorker:
         self.verifiers[job_id] = job.verifier(store)
 
     def prove(self, job_id: str, index: int,
-              incoming: dict[str, Relation | None]) -> SegmentOutcome:
+              incoming: dict[str, Relation | None]) -> Verification:
         """Segment `index` of a loaded job, given the relations flowing into it."""
         return self.verifiers[job_id].verify_segment(index, incoming)
 

@@ -51,6 +51,9 @@ class VerifyOptions:
 
 @dataclass
 class Verification:
+    """What proving found: discrepancies, counts, and each reference op's relation (for a
+    whole run, or one segment)."""
+
     discrepancies: list[Discrepancy] = field(default_factory=list)
     windows: int = 0
     blocked: int = 0
@@ -61,7 +64,8 @@ class Verification:
     largest_egraph: int = 0
     relations: dict[str, Relation | None] = field(default_factory=dict)
 
-    def absorb(self, outcome: SegmentOutcome) -> None:
+    def absorb(self, outcome: Verification) -> None:
+        """Add one segment's findings and counts (its relations are merged by the caller)."""
         self.discrepancies += outcome.discrepancies
         self.windows += outcome.windows
         self.blocked += outcome.blocked
@@ -71,21 +75,7 @@ class Verification:
         self.largest_egraph = max(self.largest_egraph, outcome.largest_egraph)
 
 
-@dataclass
-class SegmentOutcome:
-    """What proving one segment found: its ops' relations, discrepancies and counts."""
-
-    relations: dict[str, Relation | None]
-    discrepancies: list[Discrepancy]
-    windows: int = 0
-    blocked: int = 0
-    memo_hits: int = 0
-    memo_misses: int = 0
-    rule_matches: int = 0
-    largest_egraph: int = 0
-
-
-SegmentRunner = Callable[[int, dict[str, Relation | None]], SegmentOutcome]
+SegmentRunner = Callable[[int, dict[str, Relation | None]], Verification]
 
 
 class Verifier:
@@ -153,32 +143,21 @@ class Verifier:
         return {name: relations[name] for node in nodes for name in node.inputs
                 if name not in inside}
 
-    def verify_segment(self, index: int, incoming: dict[str, Relation | None]) -> SegmentOutcome:
-        """Infer the relations of one segment's reference ops from the relations flowing in."""
+    def verify_segment(self, index: int, incoming: dict[str, Relation | None]) -> Verification:
+        """Infer the relations of one segment's reference ops from the relations flowing in;
+        the result holds only the segment's own relations."""
         partial = Verification(relations=dict(incoming))
         session = self.session
         hits, misses, matches = session.hits, session.misses, session.rule_matches
         session.largest_egraph = 0
         for node in self.segments[index][1]:
             self._visit(node, partial.relations, partial)
-        found = {node.name: partial.relations[node.name] for node in self.segments[index][1]}
-        return SegmentOutcome(found, partial.discrepancies, partial.windows, partial.blocked,
-                              session.hits - hits, session.misses - misses,
-                              session.rule_matches - matches, session.largest_egraph)
-
-    # Inputs.
-
-    def _visit(self, node: Node, relations: dict[str, Relation | None],
-               result: Verification) -> None:
-        if node.op == "placeholder":
-            relations[node.name] = self._input_relation(node, self.placements)
-        elif node.name in self.ref_const:
-            relations[node.name] = Relation(f'(const "{self.ref_const[node.name]}")')
-        elif any(relations[i] is None for i in node.inputs):
-            relations[node.name] = None
-            result.blocked += 1
-        else:
-            relations[node.name] = self._infer(node, relations, result)
+        partial.relations = {node.name: partial.relations[node.name]
+                             for node in self.segments[index][1]}
+        partial.memo_hits, partial.memo_misses = session.hits - hits, session.misses - misses
+        partial.rule_matches = session.rule_matches - matches
+        partial.largest_egraph = session.largest_egraph
+        return partial
 
     @cached_property
     def segments(self) -> list[tuple[str, list[Node]]]:

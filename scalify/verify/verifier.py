@@ -159,6 +159,20 @@ class Verifier:
         partial.largest_egraph = session.largest_egraph
         return partial
 
+    # Inputs.
+
+    def _visit(self, node: Node, relations: dict[str, Relation | None],
+               result: Verification) -> None:
+        if node.op == "placeholder":
+            relations[node.name] = self._input_relation(node, self.placements)
+        elif node.name in self.ref_const:
+            relations[node.name] = Relation(f'(const "{self.ref_const[node.name]}")')
+        elif any(relations[i] is None for i in node.inputs):
+            relations[node.name] = None
+            result.blocked += 1
+        else:
+            relations[node.name] = self._infer(node, relations, result)
+
     @cached_property
     def segments(self) -> list[tuple[str, list[Node]]]:
         """Runs of consecutive reference ops in one region (placeholders count as outside every

@@ -16,6 +16,7 @@ from .ir.distributed import merge_ranks
 from .ir.symmetry import symbolic_program
 from .placements import Placement, Replicate, Shard
 from .report.model import Report
+from .steps import Step, hf_logits, hf_loss, training_step
 from .verify.numeric import cross_check
 from .verify.relations import even_placements
 from .verify.verifier import VerifyOptions
@@ -34,23 +35,26 @@ def verify_modules(reference: nn.Module, rank_module_factory: Callable[[int], nn
                    output_placements: list[Placement] | None = None, *, numeric: bool = False,
                    name: str = "modules", progress: Progress = _quiet,
                    options: VerifyOptions | None = None, capture_workers: int = 1,
-                   executor: Executor | None = None) -> Report:
+                   executor: Executor | None = None, grad: bool = False) -> Report:
     """Prove that `rank_module_factory(r)` for r < world_size computes what `reference` computes.
 
     `example_inputs` are reference-shaped tensors (meta, fake or real) passed to both forwards
     as keyword arguments (a tuple is named arg0, arg1, ...); `param_placements` maps reference
     parameter/buffer names to placements (unlisted: Replicate); outputs default to Replicate.
     `capture_workers > 1` captures ranks in forked processes as well as this one; `executor`
-    (default: inline) proves the segments.
+    (default: inline) proves the segments. With `grad`, both are captured with autograd on, so
+    modules that return gradients (see `scalify.steps.training_step`) have their backward
+    pass verified too.
     """
     inputs = _named(example_inputs)
     input_placements = input_placements or {}
     timings: dict[str, float] = {}
     start = time.perf_counter()
-    ref_graph = capture(reference, lambda: _call(reference, inputs), inputs)
+    ref_graph = capture(reference, lambda: _call(reference, inputs), inputs, grad=grad)
     rank_graphs = capture_ranks(
         rank_module_factory, world_size, lambda r: _local_inputs(inputs, input_placements, r, world_size),
-        _call, lambda r: progress("capture", r + 1, world_size), workers=capture_workers)
+        _call, lambda r: progress("capture", r + 1, world_size), workers=capture_workers,
+        grad=grad)
     timings["capture_s"] = time.perf_counter() - start
     start = time.perf_counter()
     placements = {**(param_placements or {}), **input_placements}
@@ -90,7 +94,7 @@ def verify(config: str | os.PathLike | dict | Experiment, *, numeric: bool | Non
     """Verify the experiment a YAML file (or dict, or loaded Experiment) describes, on `executor`
     (default: the one its `engine` section asks for)."""
     from .models import build_reference, example_inputs, make_hf_config
-    from .parallel import build_rank_model, param_placements
+    from .parallel import build_rank_model, finalize_grads, param_placements
 
     experiment = config if isinstance(config, Experiment) else load_experiment(config)
     model, plan = experiment.model, experiment.plan
@@ -98,19 +102,29 @@ def verify(config: str | os.PathLike | dict | Experiment, *, numeric: bool | Non
     reference = build_reference(model.family, hf_config)
     world = experiment.world_size()
     placements = param_placements(model.family, hf_config, world, planted_bug=plan.planted_bug)
-    logits = Replicate() if plan.logits == "gathered" else Shard(-1)
+    inputs = example_inputs(model.family, experiment.inputs.batch, experiment.inputs.seq)
+    rank_model = lambda rank: build_rank_model(  # noqa: E731
+        model.family, hf_config, rank, world, logits=plan.logits, planted_bug=plan.planted_bug)
+    backward = experiment.verify.backward
+    if backward:
+        inputs["labels"] = inputs["input_ids"].clone()
+        names = [name for name, _ in reference.named_parameters()]
+        # Models stay in eval mode: the step is verified with dropout off.
+        reference_step = Step(reference, training_step(hf_loss, names))
+        rank_step = lambda rank: Step(rank_model(rank),  # noqa: E731
+                                      training_step(rank_loss, names, finalize_grads))
+        outputs = [Replicate(), *(placements[name] for name in names)]
+    else:
+        reference_step, rank_step = Step(reference, hf_logits), rank_model
+        outputs = [Replicate() if plan.logits == "gathered" else Shard(-1)]
     report = verify_modules(
-        _LogitsOnly(reference),
-        lambda rank: build_rank_model(model.family, hf_config, rank, world, logits=plan.logits,
-                                      planted_bug=plan.planted_bug),
-        world, example_inputs(model.family, experiment.inputs.batch, experiment.inputs.seq),
-        placements, output_placements=[logits],
+        reference_step, rank_step, world, inputs, placements, output_placements=outputs,
         numeric=experiment.verify.numeric if numeric is None else numeric, name=experiment.name,
         progress=progress, capture_workers=os.cpu_count() or 1,
         options=VerifyOptions(window_depth=experiment.verify.window_depth,
                               memo=experiment.verify.memo, memo_store=experiment.verify.memo_store,
                               rank_symmetry=experiment.verify.rank_symmetry),
-        executor=executor or executor_for(experiment.engine))
+        executor=executor or executor_for(experiment.engine), grad=backward)
     report.config = experiment.to_dict()
     if experiment.tracking.enabled:
         from .tracking import log_run
@@ -119,24 +133,9 @@ def verify(config: str | os.PathLike | dict | Experiment, *, numeric: bool | Non
     return report
 
 
-class _LogitsOnly(nn.Module):
-    """A HuggingFace causal LM whose forward returns just the logits tensor."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def named_parameters(self, *args: Any, **kwargs: Any):  # keep HF names (no "model." prefix)
-        return self.model.named_parameters(*args, **kwargs)
-
-    def named_buffers(self, *args: Any, **kwargs: Any):
-        return self.model.named_buffers(*args, **kwargs)
-
-    def named_modules(self, *args: Any, **kwargs: Any):
-        return self.model.named_modules(*args, **kwargs)
-
-    def forward(self, **inputs: torch.Tensor) -> torch.Tensor:
-        return self.model(**inputs, use_cache=False).logits
+def rank_loss(model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """A rank model's loss: its forward with labels returns it."""
+    return model(**inputs)
 
 
 def _named(example_inputs: dict[str, torch.Tensor] | tuple) -> dict[str, torch.Tensor]:

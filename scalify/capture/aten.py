@@ -34,7 +34,7 @@ def _out_shape(out: Any) -> tuple[int, ...]:
 
 # Identity and aliasing: no node, the result is the input.
 @lowering("clone", "alias", "contiguous", "detach", "lift_fresh", "_wrap_tensor_autograd",
-          "wait_tensor", "lift_fresh_copy")
+          "wait_tensor", "lift_fresh_copy", "conj_physical", "conj", "resolve_conj")
 def _identity(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
     return args[0]
 
@@ -82,7 +82,7 @@ _SCALAR_FORMS = {"add": "add_scalar", "mul": "mul_scalar", "div": "div_scalar", 
                  "lt": "lt_scalar", "le": "le_scalar", "gt": "gt_scalar", "ge": "ge_scalar",
                  "eq": "eq_scalar", "ne": "ne_scalar"}
 _UNARY_NAMES = ["neg", "exp", "log", "rsqrt", "sqrt", "sin", "cos", "tanh", "sigmoid", "silu",
-                "relu", "reciprocal", "abs", "logical_not", "bitwise_not", "gelu"]
+                "relu", "reciprocal", "abs", "logical_not", "bitwise_not", "gelu", "erf"]
 
 
 def _elementwise(b: GraphBuilder, op: str, operands: list[Any], out: Any, **attrs: Any) -> Ref:
@@ -151,9 +151,10 @@ def _masked_fill(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any)
     x, mask, value = args
     if isinstance(value, Ref):
         raise CaptureError("aten.masked_fill with a tensor value is not supported")
-    shape = _out_shape(out)
-    return b.emit("masked_fill", [b.broadcast(x, shape), b.broadcast(mask, shape)],
-                  value=_scalar(value))
+    shape, value = _out_shape(out), _scalar(value)
+    if out.dtype.is_floating_point:  # one spelling per value: 0 and 0.0 fill a float alike
+        value = float(value)
+    return b.emit("masked_fill", [b.broadcast(x, shape), b.broadcast(mask, shape)], value=value)
 
 
 # Reductions and normalisations.
@@ -324,6 +325,103 @@ def _index(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Re
     tensors = [i for i in indices if i is not None]
     return b.emit("index", [source, *tensors], _dtype_name(out.dtype), shape=_out_shape(out),
                   none_positions=tuple(i is None for i in indices))
+
+
+# Backward-only ops without a decomposition into core ops (see tracer.DECOMPOSED for the rest).
+def _pad(b: GraphBuilder, x: Ref, dim: int, before: int, after: int, value: Any = 0.0) -> Ref:
+    """`x` with `before` and `after` elements of `value` around it along `dim`."""
+    if not before and not after:
+        return x
+    return b.emit("pad", [x], dim=dim, before=before, after=after, value=_scalar(value))
+
+
+@lowering("slice_backward")
+def _slice_backward(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    grad, sizes, dim, start, end, step = args
+    dim = _dim(dim, len(sizes))
+    if step != 1:
+        raise CaptureError("aten.slice_backward with a step other than 1 is not supported")
+    start, end = max(0, min(_dim(start, sizes[dim]), sizes[dim])), min(end, sizes[dim])
+    return _pad(b, grad, dim, start, sizes[dim] - end)
+
+
+@lowering("select_backward")
+def _select_backward(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    grad, sizes, dim, index = args
+    dim = _dim(dim, len(sizes))
+    index = _dim(index, sizes[dim])
+    return _pad(b, b.emit("unsqueeze", [grad], dim=dim), dim, index, sizes[dim] - index - 1)
+
+
+@lowering("constant_pad_nd")
+def _constant_pad(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    x, pad = args[0], args[1]
+    value = args[2] if len(args) > 2 else kwargs.get("value", 0)
+    for position in range(0, len(pad), 2):
+        before, after = pad[position], pad[position + 1]
+        if before < 0 or after < 0:
+            raise CaptureError("aten.constant_pad_nd with negative padding is not supported")
+        x = _pad(b, x, len(x.shape) - 1 - position // 2, before, after, value)
+    return x
+
+
+@lowering("gather")
+def _gather(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    x, dim, index = args[:3]
+    if _dim(dim, len(x.shape)) != len(x.shape) - 1 or index.shape != x.shape[:-1] + (1,):
+        raise CaptureError("aten.gather is supported along the last dim with one index per row")
+    index = b.emit("squeeze", [index], dim=len(index.shape) - 1)
+    return b.emit("unsqueeze", [b.emit("take", [x, index])], dim=len(index.shape))
+
+
+def _ignored(b: GraphBuilder, target: Ref, ignore_index: int) -> tuple[Ref, Ref]:
+    """(mask of ignored targets, targets with the ignored ones set to 0)."""
+    ignored = b.emit("eq_scalar", [target], "bool", value=ignore_index)
+    return ignored, b.emit("masked_fill", [target, ignored], value=0)
+
+
+_REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
+
+
+@lowering("nll_loss_forward")
+def _nll_loss(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    logp, target, weight, reduction, ignore_index = args
+    if weight is not None or len(logp.shape) != 2:
+        raise CaptureError("aten.nll_loss_forward is supported on [tokens, classes] without weights")
+    ignored, safe = _ignored(b, target, ignore_index)
+    picked = b.emit("masked_fill", [b.emit("take", [logp, safe]), ignored], value=0.0)
+    losses = b.emit("neg", [picked])
+    counted = b.emit("cast", [b.emit("logical_not", [ignored])], logp.dtype, dtype=logp.dtype)
+    total = b.emit("squeeze", [b.emit("sum", [counted], dim=0)], dim=0)
+    if _REDUCTIONS[reduction] == "none":
+        return (losses, total)
+    loss = b.emit("squeeze", [b.emit("sum", [losses], dim=0)], dim=0)
+    if _REDUCTIONS[reduction] == "mean":
+        loss = b.emit("div", [loss, total])
+    return (loss, total)
+
+
+@lowering("nll_loss_backward")
+def _nll_loss_backward(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    grad, logp, target, weight, reduction, ignore_index, total = args
+    if weight is not None or len(logp.shape) != 2:
+        raise CaptureError("aten.nll_loss_backward is supported on [tokens, classes] without weights")
+    if _REDUCTIONS[reduction] == "mean":
+        grad = b.emit("div", [grad, total])
+    if _REDUCTIONS[reduction] != "none":
+        grad = b.broadcast(grad, target.shape)
+    ignored, safe = _ignored(b, target, ignore_index)
+    grad = b.emit("neg", [b.emit("masked_fill", [grad, ignored], value=0.0)])
+    return b.emit("untake", [grad, safe], size=logp.shape[-1])
+
+
+@lowering("embedding_dense_backward")
+def _embedding_backward(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    grad, ids, rows, padding_idx, scale_by_frequency = args
+    if padding_idx not in (-1, None) or scale_by_frequency:
+        raise CaptureError("aten.embedding_dense_backward with padding_idx or scale_grad_by_freq "
+                           "is not supported")
+    return b.emit("embedding_grad", [grad, ids], rows=rows)
 
 
 # Functional collectives (torch.distributed._functional_collectives), group resolved to ranks.

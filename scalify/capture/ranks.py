@@ -36,24 +36,26 @@ def _group_ranks(group_name: str) -> tuple[int, ...]:
 
 def capture_rank(factory: RankModuleFactory, rank: int, world_size: int,
                  inputs: dict[str, torch.Tensor],
-                 call: Callable[[torch.nn.Module, dict[str, torch.Tensor]], Any]) -> Graph:
-    """Build rank `rank`'s module inside its fake process group and capture one forward."""
+                 call: Callable[[torch.nn.Module, dict[str, torch.Tensor]], Any],
+                 grad: bool = False) -> Graph:
+    """Build rank `rank`'s module inside its fake process group and capture one call (with
+    autograd on when `grad`)."""
     with fake_process_group(rank, world_size):
         module = factory(rank)
-        return capture(module, lambda: call(module, inputs), inputs, _group_ranks)
+        return capture(module, lambda: call(module, inputs), inputs, _group_ranks, grad)
 
 
 def capture_ranks(factory: RankModuleFactory, world_size: int,
                   inputs_of_rank: Callable[[int], dict[str, torch.Tensor]],
                   call: Callable[[torch.nn.Module, dict[str, torch.Tensor]], Any],
                   progress: Callable[[int], None] = lambda rank: None,
-                  workers: int = 1) -> list[Graph]:
+                  workers: int = 1, grad: bool = False) -> list[Graph]:
     """Every rank's graph. With `workers > 1` (and fork available) the upper ranks are captured
     in forked child processes while this process captures the lower ones."""
     def capture_some(ranks: list[int]) -> list[Graph]:
         graphs = []
         for rank in ranks:
-            graphs.append(capture_rank(factory, rank, world_size, inputs_of_rank(rank), call))
+            graphs.append(capture_rank(factory, rank, world_size, inputs_of_rank(rank), call, grad))
             progress(rank)
         return graphs
 

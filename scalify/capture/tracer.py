@@ -6,6 +6,7 @@ resolved to global ranks, so rank graphs can be merged later.
 """
 from __future__ import annotations
 
+import dataclasses
 import linecache
 import os
 import sys
@@ -13,6 +14,7 @@ from typing import Any, Callable
 
 import torch
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+from torch._decomp import get_decompositions
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
@@ -24,6 +26,12 @@ from .builder import GraphBuilder, Ref
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _CAPTURE_DIR = os.path.dirname(__file__)
 _COLLECTIVE_GROUP_ARG = {"all_reduce": 2, "all_gather_into_tensor": 2, "reduce_scatter_tensor": 3}
+_aten = torch.ops.aten
+# Backward ops recorded as the core ops torch's own decompositions spell them in.
+DECOMPOSED = get_decompositions([
+    _aten._softmax_backward_data, _aten._log_softmax_backward_data, _aten.silu_backward,
+    _aten.gelu_backward, _aten.tanh_backward, _aten.sigmoid_backward, _aten.threshold_backward,
+    _aten.native_layer_norm_backward])
 
 
 class SourceTracker:
@@ -33,6 +41,7 @@ class SourceTracker:
         self._module_names = module_names
         self.stack: list[str] = []
         self._lines: dict[tuple[Any, int], tuple[str, int, str]] = {}
+        self._forward: dict[int, SourceLoc] = {}  # autograd sequence number -> forward location
 
     def enter(self, module: torch.nn.Module, *_: Any) -> None:
         self.stack.append(self._module_names.get(id(module), self.stack[-1] if self.stack else ""))
@@ -42,7 +51,30 @@ class SourceTracker:
             self.stack.pop()
 
     def current(self) -> SourceLoc:
-        frame = sys._getframe(2)
+        """Where the op being dispatched comes from. A backward op is charged to the forward op
+        whose autograd node runs it (a custom `autograd.Function` backward: its own line, in
+        the forward's module)."""
+        node = torch._C._current_autograd_node()
+        if node is None:
+            loc = self._user_frame()
+            if torch.is_grad_enabled():  # the node this op creates (if any) has the last number
+                self._forward.setdefault(torch.autograd._get_sequence_nr() - 1, loc)
+            return loc
+        forward = self._forward_of(node._sequence_nr())
+        if hasattr(node, "_forward_cls"):
+            own = self._user_frame()
+            return dataclasses.replace(own, module=forward.module, backward=True)
+        return dataclasses.replace(forward, backward=True)
+
+    def _forward_of(self, sequence_nr: int) -> SourceLoc:
+        """The location recorded for autograd node `sequence_nr` (or the nearest earlier one:
+        an identity forward dispatches nothing)."""
+        while sequence_nr >= 0 and sequence_nr not in self._forward:
+            sequence_nr -= 1
+        return self._forward.get(sequence_nr, SourceLoc())
+
+    def _user_frame(self) -> SourceLoc:
+        frame = sys._getframe(3)
         while frame is not None:
             filename = frame.f_code.co_filename
             if not (filename.startswith(_TORCH_DIR) or filename.startswith(_CAPTURE_DIR)
@@ -106,6 +138,9 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        if func in DECOMPOSED:
+            with self:
+                return DECOMPOSED[func](*args, **kwargs)
         try:
             out = func(*args, **kwargs)
         except RuntimeError as error:
@@ -142,11 +177,13 @@ def _module_names(module: torch.nn.Module) -> dict[int, str]:
 
 
 def capture(module: torch.nn.Module, call: Callable[[], Any], inputs: dict[str, torch.Tensor],
-            group_ranks: Callable[[str], tuple[int, ...]] = lambda name: ()) -> Graph:
+            group_ranks: Callable[[str], tuple[int, ...]] = lambda name: (),
+            grad: bool = False) -> Graph:
     """Run `call()` (which runs `module` on `inputs`) and return the core-IR graph it executed.
 
     Parameters, buffers and inputs become placeholders named as in `named_parameters()`,
-    `named_buffers()` and the `inputs` dict.
+    `named_buffers()` and the `inputs` dict. With `grad`, autograd is on, so a `call` that
+    computes gradients records its backward pass too.
     """
     builder = GraphBuilder()
     sources = SourceTracker(_module_names(module))
@@ -160,7 +197,7 @@ def capture(module: torch.nn.Module, call: Callable[[], Any], inputs: dict[str, 
         recorder.bind(tensor, node_name)
     hooks = [register_module_forward_pre_hook(sources.enter), register_module_forward_hook(sources.leave)]
     try:
-        with torch.no_grad(), recorder:
+        with torch.set_grad_enabled(grad), recorder:
             result = call()
     finally:
         for hook in hooks:

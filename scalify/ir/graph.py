@@ -15,9 +15,11 @@ class SourceLoc:
     code: str = ""
     module: str = ""
     callers: tuple[str, ...] = ()
+    backward: bool = False  # computed by the backward pass of the op at this line
 
     def __str__(self) -> str:
-        return f"{self.file}:{self.line}" if self.file else "<unknown>"
+        where = f"{self.file}:{self.line}" if self.file else "<unknown>"
+        return f"{where} (backward)" if self.backward else where
 
 
 @dataclass(frozen=True)

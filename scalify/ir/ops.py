@@ -58,6 +58,7 @@ _UNARY: dict[str, Callable[[torch.Tensor, Attrs], torch.Tensor]] = {
     "silu": lambda x, a: F.silu(x),
     "relu": lambda x, a: torch.relu(x),
     "gelu": lambda x, a: F.gelu(x, approximate=a.get("approximate", "none")),
+    "erf": lambda x, a: torch.erf(x),
     "reciprocal": lambda x, a: torch.reciprocal(x),
     "abs": lambda x, a: torch.abs(x),
     "logical_not": lambda x, a: torch.logical_not(x),
@@ -173,6 +174,48 @@ def _embedding_shape(shapes: list[Shape], attrs: Attrs) -> Shape:
     return ids + weight[1:]
 
 
+def _pad_shape(shapes: list[Shape], attrs: Attrs) -> Shape:
+    s, d = list(shapes[0]), attrs["dim"]
+    s[d] += attrs["before"] + attrs["after"]
+    return tuple(s)
+
+
+def _pad(x: torch.Tensor, a: Attrs) -> torch.Tensor:
+    widths = [0, 0] * (x.dim() - 1 - a["dim"]) + [a["before"], a["after"]]
+    return F.pad(x, widths, value=a["value"])
+
+
+def _take_shape(shapes: list[Shape], attrs: Attrs) -> Shape:
+    source, index = shapes
+    if source[:-1] != index:
+        raise ValueError(f"take: index {index} must equal the source {source} without its last dim")
+    return index
+
+
+def _untake_shape(shapes: list[Shape], attrs: Attrs) -> Shape:
+    values, index = shapes
+    if values != index:
+        raise ValueError(f"untake: values {values} and index {index} must have equal shapes")
+    return values + (attrs["size"],)
+
+
+def _embedding_grad_shape(shapes: list[Shape], attrs: Attrs) -> Shape:
+    grad, ids = shapes
+    if grad[:-1] != ids:
+        raise ValueError(f"embedding_grad: gradient {grad} does not fit ids {ids}")
+    return (attrs["rows"], grad[-1])
+
+
+def _untake(values: torch.Tensor, index: torch.Tensor, a: Attrs) -> torch.Tensor:
+    out = values.new_zeros(values.shape + (a["size"],))
+    return out.scatter(-1, index.unsqueeze(-1), values.unsqueeze(-1))
+
+
+def _embedding_grad(grad: torch.Tensor, ids: torch.Tensor, a: Attrs) -> torch.Tensor:
+    out = grad.new_zeros((a["rows"], grad.shape[-1]))
+    return out.index_add(0, ids.reshape(-1), grad.reshape(-1, grad.shape[-1]))
+
+
 def _attr_shape(shapes: list[Shape], attrs: Attrs) -> Shape:
     return tuple(attrs["shape"])
 
@@ -242,8 +285,17 @@ for _op in [
     OpDef("slice", MOVEMENT, _slice_shape,
           lambda xs, a: xs[0].narrow(a["dim"], a["start"], a["end"] - a["start"])),
     OpDef("concat", MOVEMENT, _concat_shape, lambda xs, a: torch.cat(xs, a["dim"])),
+    # `before` and `after` elements of `value` around x along `dim` (the backward of a slice).
+    OpDef("pad", MOVEMENT, _pad_shape, lambda xs, a: _pad(xs[0], a)),
     OpDef("embedding", EMBEDDING, _embedding_shape, lambda xs, a: F.embedding(xs[1], xs[0])),
     OpDef("index", OPAQUE, _attr_shape, _index),
+    # take: out[..] = x[.., index[..]] (gather along the last dim); untake is its transpose.
+    OpDef("take", OPAQUE, _take_shape,
+          lambda xs, a: xs[0].gather(-1, xs[1].unsqueeze(-1)).squeeze(-1)),
+    OpDef("untake", OPAQUE, _untake_shape, lambda xs, a: _untake(xs[0], xs[1], a)),
+    # The gradient of an embedding table: rows[ids[..]] += grad[..], over `rows` rows.
+    OpDef("embedding_grad", OPAQUE, _embedding_grad_shape,
+          lambda xs, a: _embedding_grad(xs[0], xs[1], a)),
     OpDef("all_reduce", COLLECTIVE, _same, _collective),
     OpDef("all_gather", COLLECTIVE, _attr_shape, _collective),
     OpDef("reduce_scatter", COLLECTIVE, _attr_shape, _collective),

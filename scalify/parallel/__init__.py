@@ -19,7 +19,7 @@ from scalify.parallel.llama import LlamaParts, build_llama_rank
 from scalify.parallel.planted import PLANTED_BUGS, PLANTED_PARTS
 from scalify.placements import Placement, Replicate
 
-__all__ = ["LOGITS_MODES", "PLANTED_BUGS", "build_rank_model", "param_placements"]
+__all__ = ["LOGITS_MODES", "PLANTED_BUGS", "build_rank_model", "finalize_grads", "param_placements"]
 
 LOGITS_MODES = ("gathered", "vocab_parallel")
 
@@ -93,3 +93,8 @@ def param_placements(
         for name, _ in local_tensors:
             placements[prefix + name] = declared.get(name, Replicate())
     return placements
+
+
+def finalize_grads(model: nn.Module, grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A rank model's gradients after its plan's synchronisation (e.g. sequence-parallel norms)."""
+    return model.finalize_grads(grads)

@@ -5,11 +5,14 @@ layer's parameters; the collectives run on the default process group (`dist.grou
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch import nn
+from transformers.loss.loss_utils import ForCausalLMLoss
 from transformers.modeling_utils import slice_logits_to_keep
 from transformers.pytorch_utils import Conv1D
 
@@ -24,18 +27,71 @@ def divide(total: int, parts: int, what: str) -> int:
     return total // parts
 
 
-def all_reduce_sum(partial: torch.Tensor) -> torch.Tensor:
-    """Sum `partial` over the ranks of the tensor-parallel group."""
+def _sum_over_ranks(partial: torch.Tensor) -> torch.Tensor:
     return funcol.all_reduce(partial, "sum", dist.group.WORLD)
 
 
-def all_gather_last_dim(local: torch.Tensor) -> torch.Tensor:
-    """Concatenate the ranks' `local` tensors along the last dim.
-
-    The dim is passed non-negative: funcol's view shortcut (taken when dim 0 equals the group size)
-    computes a wrong shape for gather_dim=-1.
-    """
+def _gather_last_dim(local: torch.Tensor) -> torch.Tensor:
+    # The dim is passed non-negative: funcol's view shortcut (taken when dim 0 equals the group
+    # size) computes a wrong shape for gather_dim=-1.
     return funcol.all_gather_single(local, local.dim() - 1, dist.group.WORLD)
+
+
+def own_chunk(full: torch.Tensor, dim: int) -> torch.Tensor:
+    """This rank's equal chunk of `full` along `dim`."""
+    size = divide(full.shape[dim], dist.get_world_size(), f"dim {dim} of a gathered tensor")
+    return full.narrow(dim, dist.get_rank() * size, size)
+
+
+class _CopyToTensorParallel(torch.autograd.Function):
+    """Megatron's f: identity forward; the input gradient is summed over the ranks."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return _sum_over_ranks(grad)
+
+
+class _ReduceFromTensorParallel(torch.autograd.Function):
+    """Megatron's g: sum over the ranks forward; the gradient passes through."""
+
+    @staticmethod
+    def forward(ctx: Any, partial: torch.Tensor) -> torch.Tensor:
+        return _sum_over_ranks(partial)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad
+
+
+class _GatherLastDim(torch.autograd.Function):
+    """Concatenate the ranks' tensors along the last dim; the gradient is this rank's chunk."""
+
+    @staticmethod
+    def forward(ctx: Any, local: torch.Tensor) -> torch.Tensor:
+        return _gather_last_dim(local)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return own_chunk(grad, grad.dim() - 1)
+
+
+def copy_to_tensor_parallel(x: torch.Tensor) -> torch.Tensor:
+    """Mark a replicated activation entering sharded compute (its gradient is all-reduced)."""
+    return _CopyToTensorParallel.apply(x)
+
+
+def all_reduce_sum(partial: torch.Tensor) -> torch.Tensor:
+    """Sum `partial` over the ranks of the tensor-parallel group."""
+    return _ReduceFromTensorParallel.apply(partial)
+
+
+def all_gather_last_dim(local: torch.Tensor) -> torch.Tensor:
+    """Concatenate the ranks' `local` tensors along the last dim."""
+    return _GatherLastDim.apply(local)
 
 
 class ColumnParallelLinear(nn.Linear):
@@ -55,6 +111,9 @@ class ColumnParallelLinear(nn.Linear):
     ) -> None:
         super().__init__(in_features, divide(out_features, num_chunks, "output features"), bias=bias)
         self.chunk_of_rank = chunk_of_rank
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(copy_to_tensor_parallel(x), self.weight, self.bias)
 
     def placements(self) -> dict[str, Placement]:
         shard = Shard(0, chunk_of_rank=self.chunk_of_rank)
@@ -110,6 +169,9 @@ class ColumnParallelConv1D(Conv1D):
         super().__init__(divide(nf, num_chunks * blocks, "output features") * blocks, nx)
         self.blocks = blocks
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(copy_to_tensor_parallel(x))
+
     def placements(self) -> dict[str, Placement]:
         return {"weight": Shard(1, blocks=self.blocks), "bias": Shard(0, blocks=self.blocks)}
 
@@ -144,8 +206,19 @@ class ParallelCausalLM(nn.Module):
             self.lm_head.weight = embedding.weight
         self.gather_logits = gather_logits
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                labels: torch.Tensor | None = None) -> torch.Tensor:
+        """The logits, or with `labels` the mean next-token cross-entropy (HF's loss)."""
         hidden_states = getattr(self, self.backbone_name)(input_ids, attention_mask)
         hidden_states = slice_logits_to_keep(hidden_states, 0)
         logits = self.lm_head(hidden_states)
-        return all_gather_last_dim(logits) if self.gather_logits else logits
+        logits = all_gather_last_dim(logits) if self.gather_logits else logits
+        if labels is None:
+            return logits
+        if not self.gather_logits:
+            raise ShapeError("the training loss needs gathered logits (plan.logits: gathered)")
+        return ForCausalLMLoss(logits, labels, logits.shape[-1])
+
+    def finalize_grads(self, grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The gradients after the step's synchronisation (none is needed under plain TP)."""
+        return grads

@@ -9,6 +9,7 @@ import torch
 
 from .base import Rule
 from .examples import tensor
+from .terms import evaluate, parse
 
 MASKED_LOOKUP = ('(masked_fill (embedding w (masked_fill (add_int ids o) m "0")) '
                  '(expand (unsqueeze m k) k h) "0.0")')
@@ -33,6 +34,17 @@ def _masked(gen, choice):
     return {"w": w, "ids": ids, "s": s, "e": s + 4, "o": -s, "m": mask, "k": 2, "h": 3}
 
 
+def _gradient(gen, choice):
+    g, ids = tensor(gen, 2, 5, 3), torch.randint(0, 12, (2, 5), generator=gen)
+    env = {"g": g, "ids": ids, "s": 4, "n": 4, "e": 8, "o": -4, "m": (ids < 4) | (ids >= 8),
+           "k": 2, "h": 3, "na": 4, "nb": 4, "t": 8}
+    return {**env, "q": evaluate(parse("(embed_grad_range g ids t nb)"), env)}
+
+
+GRAD_LOOKUP = ('(embedding_grad (masked_fill g (expand (unsqueeze m k) k h) "0.0") '
+               '(masked_fill (add_int ids o) m "0") n)')
+
+
 def rules() -> list[Rule]:
     return [
         Rule("embedding-as-range", "(embedding w ids)", "(embed_range w ids 0)",
@@ -42,4 +54,18 @@ def rules() -> list[Rule]:
         Rule("masked-lookup", MASKED_LOOKUP, "(embed_range w ids s)", _masked,
              when=('(= m (binary "bitwise_or" (cmp_int "lt" ids s) (cmp_int "ge" ids e)))',
                    "(= o (- 0 s))", "(= e (+ s (dimsize w 0)))")),
+        # Table gradients: each rank scatters the tokens of its rows [s, s + n); adjacent row
+        # ranges join, and the range from 0 over every row is the whole gradient.
+        Rule("masked-grad-lookup", GRAD_LOOKUP, "(embed_grad_range g ids s n)", _gradient,
+             when=('(= m (binary "bitwise_or" (cmp_int "lt" ids s) (cmp_int "ge" ids e)))',
+                   "(= o (- 0 s))", "(= e (+ s n))")),
+        Rule("grad-ranges-pair", "(embed_grad_range g ids s na)",
+             "(slice (concat (embed_grad_range g ids s na) q 0 na nb) 0 0 na)", _gradient,
+             when=("(= t (+ s na))", "(= q (embed_grad_range g ids t nb))")),
+        Rule("grad-ranges-join", "(concat (embed_grad_range g ids s na) q 0 na nb)",
+             "(embed_grad_range g ids s (+ na nb))", _gradient,
+             when=("(= t (+ s na))", "(= q (embed_grad_range g ids t nb))")),
+        Rule("grad-range-whole", "(embed_grad_range g ids 0 n)", "(embedding_grad g ids n)",
+             lambda gen, c: {"g": tensor(gen, 2, 5, 3), "n": 8,
+                             "ids": torch.randint(0, 8, (2, 5), generator=gen)}),
     ]

@@ -38,6 +38,11 @@ def _interchange(gen, choice):
         "d": 0, "na": 1, "nb": 3, "k": 1, "ma": 2, "mb": 4}
 
 
+def _adjacent(gen, choice):
+    x = tensor(gen, *SHAPE)
+    return {"x": x, "d": 1, "a": 1, "b": 3, "c": 5, "na": 2, "nb": 2, "q": x.narrow(1, 3, 2)}
+
+
 def _sliced(**extra):
     def example(gen, choice):
         return {"x": tensor(gen, 4, 6, 1, 3), "y": tensor(gen, 4, 6, 1, 3), **extra}
@@ -115,6 +120,8 @@ def rules() -> list[Rule]:
                      _with(3, 1, d=1, e=3)),
         _concat_rule("transpose-concat-other", "transpose", "d e", "c", ("(!= c d)", "(!= c e)"),
                      _with(0, 1, d=1, e=3)),
+        _concat_rule("pad-concat-other", "pad", "d p q v", "c", ("(!= c d)",),
+                     _with(1, 2, d=3, p=1, q=2, v="0.0")),
         _concat_rule("expand-concat", "expand", "d n", "c", ("(!= c d)",),
                      _with(1, 2, shape=(4, 6, 1, 3), d=2, n=5)),
         _concat_rule("slice-concat-other", "slice", "d s e", "c", ("(!= c d)",),
@@ -126,6 +133,13 @@ def rules() -> list[Rule]:
         Rule("slice-concat-straddle", "(slice (concat a b d na nb) d s e)",
              "(concat (slice a d s na) (slice b d 0 (- e na)) d (- na s) (- e na))",
              _parts(1, 3, s=1, e=5), when=("(< s na)", "(> e na)")),
+        # Adjacent slices of one tensor join (e.g. every rank's own block of a replicated
+        # gradient); the second rule names the join wherever both slices exist.
+        Rule("adjacent-slices-join", "(concat (slice x d a b) (slice x d b c) d na nb)",
+             "(slice x d a c)", _adjacent),
+        Rule("adjacent-slices-pair", "(slice x d a b)",
+             "(slice (concat (slice x d a b) (slice x d b c) d (- b a) (- c b)) d 0 (- b a))",
+             _adjacent, when=("(= q (slice x d b c))",)),
         Rule("slice-whole", "(slice x d 0 n)", "x",
              lambda gen, c: {"x": tensor(gen, *SHAPE), "d": 1, "n": SHAPE[1]},
              when=("(= (dimsize x d) n)",)),
@@ -144,6 +158,10 @@ def rules() -> list[Rule]:
              lambda gen, c: {"x": tensor(gen, 4, 3), "d": 1}),
         Rule("unsqueeze-squeeze", "(unsqueeze (squeeze x d) d)", "x",
              lambda gen, c: {"x": tensor(gen, 4, 1, 3), "d": 1}),
+        # Name the inverse of every unsqueeze, so facts about `(unsqueeze x d)` (e.g. how it is
+        # tiled by rank blocks) reach `x` through the squeeze rules.
+        Rule("unsqueeze-has-inverse", "(unsqueeze x d)", "(unsqueeze (squeeze (unsqueeze x d) d) d)",
+             lambda gen, c: {"x": tensor(gen, 4, 3), "d": 1}),
         Rule("squeeze-lower-unit-dim", "(squeeze x e)", "(squeeze x d)",
              lambda gen, c: {"x": tensor(gen, 4, 1, 1, 3), "d": 1, "e": 2},
              when=("(= e (+ d 1))", "(= (dimsize x d) 1)")),

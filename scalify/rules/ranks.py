@@ -162,10 +162,23 @@ def _movement() -> list[Rule]:
                _part(0, four, d=1, e=3)),
         _moved("expand-rcat", "expand", "d n", "c", ("(!= c d)",), _part(1, unit, d=2, n=5)),
         _moved("slice-rcat-other", "slice", "d a b", "c", ("(!= c d)",), _part(1, four, d=3, a=1, b=3)),
+        _moved("pad-rcat-other", "pad", "d a b v", "c", ("(!= c d)",),
+               _part(1, four, d=3, a=1, b=2, v="0.0")),
         Rule("concat-rcat-interchange", "(concat (rcat x d s) (rcat y d s) k ma mb)",
              "(rcat (concat x y k ma mb) d s)", interchange, when=("(!= d k)",)),
         Rule("rcat-of-own-blocks", "(rcat (rslice t d s) d s)", "t", gathered_block,
              when=("(inv t)",)),
+        Rule("own-block-of-rcat", "(rslice (rcat x d s) d s)", "x", _part(1, d=1)),
+        # Name the parts of a rank's concat as slices of it (its fused blocks, e.g. [q|k|v]).
+        Rule("concat-parts-are-slices", "(concat a b d na nb)",
+             "(concat (slice (concat a b d na nb) d 0 na) "
+             "(slice (concat a b d na nb) d na (+ na nb)) d na nb)",
+             lambda gen, c: {"a": tensor(gen, 2, 3), "b": tensor(gen, 2, 4), "d": 1, "na": 3,
+                             "nb": 4}),
+        # A rank's own block of a replicated tensor names the blocks that tile it (backward of a
+        # gather): the rewrite adds the tiling, which the rule above equates with `t`.
+        Rule("own-block-tiles", "(rslice t d s)", "(rslice (rcat (rslice t d s) d s) d s)",
+             gathered_block, when=("(inv t)",)),
         *(summed(op, attrs, shape, **example) for op, attrs, shape, example in MOVEMENT_OPS),
     ]
 
@@ -181,14 +194,32 @@ def _embedding() -> list[Rule]:
         return {**env, "a": -env["s"], "b": 0, "k": 2, "h": 3,
                 "m": _rank_mask(env["ids"], env["s"])}
 
+    def gradient(gen, choice):
+        rows = 4
+        ids = torch.randint(0, rows * WORLD, (2, 5), generator=gen)
+        return {"g": tensor(gen, 2, 5, 3), "ids": ids, "s": rows, "w": WORLD, "a": -rows, "b": 0,
+                "k": 2, "h": 3, "m": _rank_mask(ids, rows)}
+
     lookup = ('(masked_fill (embedding w (masked_fill (add_int_r ids a b) m "0")) '
               '(expand (unsqueeze m k) k h) "0.0")')
+    grad_lookup = ('(embedding_grad (masked_fill g (expand (unsqueeze m k) k h) "0.0") '
+                   '(masked_fill (add_int_r ids a b) m "0") s)')
+    rank_range = "(embed_grad_rrange g ids s)"
     return [
         Rule("embedding-over-rcat-rows", "(embedding (rcat w 0 s) ids)",
              "(rsum (embed_rrange w ids s))", table, when=("(inv ids)",)),
         Rule("masked-rank-lookup", lookup, "(embed_rrange w ids s)", masked,
              when=('(= m (binary "bitwise_or" (cmp_int_r "lt" ids s 0) (cmp_int_r "ge" ids s s)))',
                    "(= a (- 0 s))", "(= b 0)", "(= s (dimsize w 0))")),
+        # The table gradient of a vocab-parallel embedding: each rank scatters the tokens of its
+        # own rows (the backward of the masked lookup); together they tile the whole gradient.
+        Rule("masked-rank-grad-lookup", grad_lookup, rank_range, gradient,
+             when=('(= m (binary "bitwise_or" (cmp_int_r "lt" ids s 0) (cmp_int_r "ge" ids s s)))',
+                   "(= a (- 0 s))", "(= b 0)")),
+        Rule("rank-grad-rows-tile", rank_range, f"(rslice (rcat {rank_range} 0 s) 0 s)", gradient),
+        Rule("embedding-grad-over-rank-rows", f"(rcat {rank_range} 0 s)",
+             "(embedding_grad g ids (* s w))", gradient,
+             when=("(inv g)", "(inv ids)", "(= w (world))")),
     ]
 
 
@@ -206,7 +237,7 @@ _RANK_WISE = {
     "unary": "f x", "binary": "f x y", "where3": "x y z", "reduce": "f x d", "softmax": "f x d",
     "matmul": "x y d", "merge": "x d i", "split": "x d i", "unsqueeze": "x d", "squeeze": "x d",
     "transpose": "x d e", "expand": "x d n", "slice": "x d a b", "concat": "x y d a b",
-    "embedding": "x y", "masked_fill": "x y f", "cmp_int": "f x d", "add_int": "x d",
+    "embedding": "x y", "embedding_grad": "x y d", "masked_fill": "x y f", "pad": "x d a b f", "cmp_int": "f x d", "add_int": "x d",
 }
 _TENSOR_ARGS = ("x", "y", "z")
 # Data movement that loses no element: an invariant result has invariant operands.

@@ -41,6 +41,7 @@ DECLARATIONS = f"""
   (embedding T T :cost {COMPUTE_COST})
   (embed_range T T i64 :cost {COMPUTE_COST})
   (masked_fill T T String :cost {COMPUTE_COST})
+  (pad T i64 i64 i64 String :cost {COMPUTE_COST})
   (cmp_int String T i64 :cost {COMPUTE_COST})
   (add_int T i64 :cost {COMPUTE_COST})
   (opaque1 String T :cost {COMPUTE_COST})
@@ -52,9 +53,13 @@ DECLARATIONS = f"""
   (rmax T :cost 1)
   (rslice T i64 i64 :cost 2)
   (embed_rrange T T i64 :cost {COMPUTE_COST})
+  (embedding_grad T T i64 :cost {COMPUTE_COST})
+  (embed_grad_rrange T T i64 :cost {COMPUTE_COST})
+  (embed_grad_range T T i64 i64 :cost {COMPUTE_COST})
   (cmp_int_r String T i64 i64 :cost {COMPUTE_COST})
   (add_int_r T i64 i64 :cost {COMPUTE_COST}))
 (function dimsize (T i64) i64 :merge (min old new))
+(function world () i64 :merge new)
 (relation inv (T))
 (relation target (T String))
 (relation same (String String))
@@ -202,6 +207,8 @@ def evaluate(term: Term, env: dict[str, Any], at: At = At()) -> Any:
         return value[at.rank] if isinstance(value, Family) else value
     if isinstance(term, (int, float)):
         return term
+    if term.head == "world":
+        return at.world
     if term.head in _ACROSS_RANKS:
         return _ACROSS_RANKS[term.head](term.args, env, at)
     args = [evaluate(a, env, at) for a in term.args]
@@ -261,10 +268,17 @@ def _embed_range(weight: torch.Tensor, ids: torch.Tensor, start: int) -> torch.T
     return rows * inside.unsqueeze(-1).to(rows.dtype)
 
 
+def _embedding_grad_range(grad: torch.Tensor, ids: torch.Tensor, start: int, rows: int) -> torch.Tensor:
+    inside = (ids >= start) & (ids < start + rows)
+    kept = grad * inside.unsqueeze(-1).to(grad.dtype)
+    return _run("embedding_grad", [kept, torch.where(inside, ids - start, 0)], {"rows": rows})
+
+
 _AT_RANK = {  # constructors whose constants are affine in the rank: scale * rank + offset
     "cmp_int_r": lambda r, f, x, a, b: _run(f + "_scalar", [x], {"value": a * r + b}),
     "add_int_r": lambda r, x, a, b: x + (a * r + b),
     "embed_rrange": lambda r, w, ids, s: _embed_range(w, ids, r * s),
+    "embed_grad_rrange": lambda r, g, ids, s: _embedding_grad_range(g, ids, r * s, s),
 }
 
 _CONSTRUCTORS = {
@@ -292,7 +306,11 @@ _CONSTRUCTORS = {
     "expand": lambda x, d, n: _run("expand", [x], {"dim": d, "size": n}),
     "embedding": lambda w, ids: torch.nn.functional.embedding(ids, w),
     "embed_range": _embed_range,
+    "embedding_grad": lambda g, ids, rows: _run("embedding_grad", [g, ids], {"rows": rows}),
+    "embed_grad_range": _embedding_grad_range,
     "masked_fill": lambda x, m, v: x.masked_fill(m, ast.literal_eval(v)),
+    "pad": lambda x, d, a, b, v: _run("pad", [x], {"dim": d, "before": a, "after": b,
+                                                     "value": ast.literal_eval(v)}),
     "cmp_int": lambda f, x, v: _run(f + "_scalar", [x], {"value": v}),
     "add_int": lambda x, v: x + v,
     "opaque1": lambda f, *xs: _keyed(f, list(xs)),

@@ -12,6 +12,10 @@ _INT_COMPARISONS = {"lt_scalar": "lt", "le_scalar": "le", "gt_scalar": "gt", "ge
 _PLAIN = {"where": "where3", "embedding": "embedding"}
 
 
+def _is_integer(dtype: str) -> bool:
+    return dtype.startswith(("int", "uint"))
+
+
 def _attrs(node: Node, *skip: str) -> dict:
     return {k: v for k, v in node.attrs if k not in skip}
 
@@ -29,16 +33,22 @@ def encode(node: Node, args: list[str], arg_shapes: list[tuple[int, ...]]) -> st
         return f'(cmp_int_r "{_INT_COMPARISONS[op]}" {args[0]} {value.scale} {value.offset})'
     if op == "slice" and isinstance(attrs["start"], RankAffine):
         return f"(rslice {args[0]} {attrs['dim']} {attrs['start'].scale})"
-    if op in _INT_COMPARISONS and isinstance(attrs["value"], int):
+    integer = isinstance(attrs.get("value"), int)
+    if op in _INT_COMPARISONS and integer:
         return f'(cmp_int "{_INT_COMPARISONS[op]}" {args[0]} {attrs["value"]})'
-    if op == "add_scalar" and isinstance(attrs["value"], int):
+    if op == "add_scalar" and integer and _is_integer(node.dtype):  # index arithmetic
         return f"(add_int {args[0]} {attrs['value']})"
+    if op == "pad":
+        return (f"(pad {args[0]} {attrs['dim']} {attrs['before']} {attrs['after']} "
+                f"{render(repr(attrs['value']))})")
     if op == "masked_fill":
         return f"(masked_fill {args[0]} {args[1]} {render(repr(attrs['value']))})"
     if trait == UNARY:
         return f"(unary {render(op_key(op, attrs))} {args[0]})"
     if trait == BINARY:
         return f"(binary {render(op_key(op, attrs))} {args[0]} {args[1]})"
+    if op == "embedding_grad":
+        return f"(embedding_grad {args[0]} {args[1]} {attrs['rows']})"
     if op in _PLAIN:
         return f"({_PLAIN[op]} {' '.join(args)})"
     if op in ("sum", "amax"):

@@ -88,7 +88,10 @@ def _assemble(outputs: list[torch.Tensor], placement: Placement) -> list[torch.T
     if isinstance(placement, Partial):
         return [torch.stack(outputs).sum(0)]
     assert isinstance(placement, Shard)
-    return [torch.cat(outputs, placement.dim % outputs[0].dim())]
+    dim = placement.dim % outputs[0].dim()
+    holder = {chunk: rank for rank, chunk in reversed(list(enumerate(placement.chunks(len(outputs)))))}
+    pieces = [torch.chunk(outputs[holder[chunk]], placement.blocks, dim) for chunk in sorted(holder)]
+    return [torch.cat([part[block] for block in range(placement.blocks) for part in pieces], dim)]
 
 
 def cross_check(ref: Graph, dist: DistributedGraph, placements: dict[str, Placement],

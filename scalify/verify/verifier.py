@@ -263,6 +263,7 @@ class Verifier:
         lines += [f"(union {term} {leaf(name)})" for r in inputs for term, name in r.facts()]
         if self.dist.symbolic:  # each relation equals the reference value on every rank
             lines += [f"(inv {r.term})" for r in inputs]
+            lines.append(f"(set (world) {self.dist.world_size})")
         for name in defined:
             lines.append(f"(union {leaf(name)} {self._definition(name)})")
         for name in dict.fromkeys(_LEAF_NAME.findall("\n".join(lines))):  # in order of appearance

@@ -104,7 +104,8 @@ def verify(config: str | os.PathLike | dict | Experiment, *, numeric: bool | Non
     placements = param_placements(model.family, hf_config, world, planted_bug=plan.planted_bug)
     inputs = example_inputs(model.family, experiment.inputs.batch, experiment.inputs.seq)
     rank_model = lambda rank: build_rank_model(  # noqa: E731
-        model.family, hf_config, rank, world, logits=plan.logits, planted_bug=plan.planted_bug)
+        model.family, hf_config, rank, world, logits=plan.logits, planted_bug=plan.planted_bug,
+        sequence_parallel=plan.sequence_parallel)
     backward = experiment.verify.backward
     if backward:
         inputs["labels"] = inputs["input_ids"].clone()

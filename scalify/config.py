@@ -39,6 +39,7 @@ class PlanSpec:
 
     style: str = "megatron"
     tensor_parallel: int = 1
+    sequence_parallel: bool = False
     logits: str = "gathered"
     planted_bug: str | None = None
 
@@ -256,6 +257,7 @@ _SCHEMAS: dict[type, dict[str, Checker]] = {
     PlanSpec: {
         "style": _choice(*PLAN_STYLES),
         "tensor_parallel": _positive_int,
+        "sequence_parallel": _boolean,
         "logits": _choice(*LOGITS_MODES),
         "planted_bug": _optional_text,
     },

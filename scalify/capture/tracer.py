@@ -42,6 +42,7 @@ class SourceTracker:
         self.stack: list[str] = []
         self._lines: dict[tuple[Any, int], tuple[str, int, str]] = {}
         self._forward: dict[int, SourceLoc] = {}  # autograd sequence number -> forward location
+        self._last_backward = SourceLoc(backward=True)
 
     def enter(self, module: torch.nn.Module, *_: Any) -> None:
         self.stack.append(self._module_names.get(id(module), self.stack[-1] if self.stack else ""))
@@ -56,15 +57,18 @@ class SourceTracker:
         the forward's module)."""
         node = torch._C._current_autograd_node()
         if node is None:
-            loc = self._user_frame()
+            loc, in_engine = self._user_frame()
+            if in_engine:  # the engine summing two gradients of one tensor: the last node's place
+                return self._last_backward
             if torch.is_grad_enabled():  # the node this op creates (if any) has the last number
                 self._forward.setdefault(torch.autograd._get_sequence_nr() - 1, loc)
             return loc
         forward = self._forward_of(node._sequence_nr())
-        if hasattr(node, "_forward_cls"):
-            own = self._user_frame()
-            return dataclasses.replace(own, module=forward.module, backward=True)
-        return dataclasses.replace(forward, backward=True)
+        if hasattr(node, "_forward_cls"):  # a custom Function: its backward's own line
+            own, engine_only = self._user_frame()
+            forward = forward if engine_only else dataclasses.replace(own, module=forward.module)
+        self._last_backward = dataclasses.replace(forward, backward=True)
+        return self._last_backward
 
     def _forward_of(self, sequence_nr: int) -> SourceLoc:
         """The location recorded for autograd node `sequence_nr` (or the nearest earlier one:
@@ -73,23 +77,26 @@ class SourceTracker:
             sequence_nr -= 1
         return self._forward.get(sequence_nr, SourceLoc())
 
-    def _user_frame(self) -> SourceLoc:
-        frame = sys._getframe(3)
+    def _user_frame(self) -> tuple[SourceLoc, bool]:
+        """The innermost frame outside torch and this package, and whether the autograd engine
+        runs between it and the op (so no user code of the backward pass is on the stack)."""
+        frame, in_engine = sys._getframe(3), False
         while frame is not None:
             filename = frame.f_code.co_filename
             if not (filename.startswith(_TORCH_DIR) or filename.startswith(_CAPTURE_DIR)
                     or filename.startswith("<")):
                 break
+            in_engine = in_engine or frame.f_code.co_name == "_engine_run_backward"
             frame = frame.f_back
         module = self.stack[-1] if self.stack else ""
         if frame is None:
-            return SourceLoc(module=module)
+            return SourceLoc(module=module), in_engine
         key = (frame.f_code, frame.f_lineno)
         if key not in self._lines:
             self._lines[key] = (frame.f_code.co_filename, frame.f_lineno,
                                 linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip())
         filename, line, code = self._lines[key]
-        return SourceLoc(filename, line, code, module, _callers(frame.f_back))
+        return SourceLoc(filename, line, code, module, _callers(frame.f_back)), in_engine
 
 
 def _callers(frame: Any, count: int = 3) -> tuple[str, ...]:

@@ -6,7 +6,7 @@ of `world_size` ranks; `param_placements` says how each local parameter relates 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -63,12 +63,19 @@ def build_rank_model(
     *,
     logits: str = "gathered",
     planted_bug: str | None = None,
+    sequence_parallel: bool = False,
 ) -> nn.Module:
     """Rank `rank` of `world_size`, on meta, in eval mode; forward(input_ids, attention_mask) -> logits.
 
     logits="gathered" returns [batch, seq, vocab]; "vocab_parallel" returns this rank's [batch, seq, vocab / n].
+    `sequence_parallel` shards the activations between the tensor-parallel regions along the
+    sequence (Megatron's sequence parallelism).
     """
     parts = _parts(family, planted_bug)
+    if sequence_parallel:
+        if not isinstance(parts, LlamaParts):
+            raise ConfigError(f"sequence parallelism is implemented for llama, not {family!r}")
+        parts = replace(parts, sequence_parallel=True)
     if hf_config._attn_implementation != "eager":
         raise ConfigError("rank models mirror HF's eager attention: build the config with make_hf_config")
     if logits not in LOGITS_MODES:

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.loss.loss_utils import ForCausalLMLoss
 from transformers.modeling_utils import slice_logits_to_keep
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from transformers.pytorch_utils import Conv1D
 
 from scalify.errors import ShapeError
@@ -79,6 +80,53 @@ class _GatherLastDim(torch.autograd.Function):
         return own_chunk(grad, grad.dim() - 1)
 
 
+SEQUENCE_DIM = 1  # activations are [batch, sequence, hidden]
+
+
+def _gather_sequence(local: torch.Tensor) -> torch.Tensor:
+    return funcol.all_gather_single(local, SEQUENCE_DIM, dist.group.WORLD)
+
+
+def _reduce_scatter_sequence(partial: torch.Tensor) -> torch.Tensor:
+    return funcol.reduce_scatter_single(partial, "sum", SEQUENCE_DIM, dist.group.WORLD)
+
+
+class _GatherSequence(torch.autograd.Function):
+    """Sequence parallelism entering a column-parallel layer: all-gather the sequence shards;
+    the (partial) gradient is summed and scattered back."""
+
+    @staticmethod
+    def forward(ctx: Any, local: torch.Tensor) -> torch.Tensor:
+        return _gather_sequence(local)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return _reduce_scatter_sequence(grad)
+
+
+class _ReduceScatterSequence(torch.autograd.Function):
+    """Sequence parallelism leaving a row-parallel layer: sum the partial outputs and keep this
+    rank's sequence shard; the gradient is all-gathered."""
+
+    @staticmethod
+    def forward(ctx: Any, partial: torch.Tensor) -> torch.Tensor:
+        return _reduce_scatter_sequence(partial)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return _gather_sequence(grad)
+
+
+def gather_sequence(local: torch.Tensor) -> torch.Tensor:
+    """The whole sequence from every rank's shard (sequence parallelism)."""
+    return _GatherSequence.apply(local)
+
+
+def reduce_scatter_sequence(partial: torch.Tensor) -> torch.Tensor:
+    """This rank's sequence shard of the sum of every rank's `partial`."""
+    return _ReduceScatterSequence.apply(partial)
+
+
 def copy_to_tensor_parallel(x: torch.Tensor) -> torch.Tensor:
     """Mark a replicated activation entering sharded compute (its gradient is all-reduced)."""
     return _CopyToTensorParallel.apply(x)
@@ -108,12 +156,15 @@ class ColumnParallelLinear(nn.Linear):
         *,
         bias: bool = False,
         chunk_of_rank: tuple[int, ...] | None = None,
+        sequence_parallel: bool = False,
     ) -> None:
         super().__init__(in_features, divide(out_features, num_chunks, "output features"), bias=bias)
         self.chunk_of_rank = chunk_of_rank
+        self.sequence_parallel = sequence_parallel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(copy_to_tensor_parallel(x), self.weight, self.bias)
+        x = gather_sequence(x) if self.sequence_parallel else copy_to_tensor_parallel(x)
+        return F.linear(x, self.weight, self.bias)
 
     def placements(self) -> dict[str, Placement]:
         shard = Shard(0, chunk_of_rank=self.chunk_of_rank)
@@ -123,11 +174,14 @@ class ColumnParallelLinear(nn.Linear):
 class RowParallelLinear(nn.Linear):
     """nn.Linear holding a column block of the weight [out, in]: partial outputs are summed, then the bias added."""
 
-    def __init__(self, in_features: int, out_features: int, num_chunks: int, *, bias: bool = False) -> None:
+    def __init__(self, in_features: int, out_features: int, num_chunks: int, *, bias: bool = False,
+                 sequence_parallel: bool = False) -> None:
         super().__init__(divide(in_features, num_chunks, "input features"), out_features, bias=bias)
+        self.sequence_parallel = sequence_parallel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        output = all_reduce_sum(F.linear(x, self.weight))
+        partial = F.linear(x, self.weight)
+        output = reduce_scatter_sequence(partial) if self.sequence_parallel else all_reduce_sum(partial)
         return output if self.bias is None else output + self.bias
 
     def placements(self) -> dict[str, Placement]:
@@ -137,12 +191,14 @@ class RowParallelLinear(nn.Linear):
 class VocabParallelEmbedding(nn.Module):
     """Embedding holding the rows [start, end) of the vocabulary; tokens outside that range contribute zeros."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, rank: int, world_size: int) -> None:
+    def __init__(self, num_embeddings: int, embedding_dim: int, rank: int, world_size: int, *,
+                 sequence_parallel: bool = False) -> None:
         super().__init__()
         rows = divide(num_embeddings, world_size, "vocab_size")
         self.vocab_start = rank * rows
         self.vocab_end = self.vocab_start + rows
         self.weight = nn.Parameter(torch.empty(rows, embedding_dim))
+        self.sequence_parallel = sequence_parallel
 
     def out_of_range(self, input_ids: torch.Tensor) -> torch.Tensor:
         """True where a token id belongs to another rank's rows."""
@@ -153,10 +209,22 @@ class VocabParallelEmbedding(nn.Module):
         local_ids = (input_ids - self.vocab_start).masked_fill(mask, 0)
         partial = F.embedding(local_ids, self.weight)
         partial = partial.masked_fill(mask.unsqueeze(-1), 0.0)
-        return all_reduce_sum(partial)
+        return reduce_scatter_sequence(partial) if self.sequence_parallel else all_reduce_sum(partial)
 
     def placements(self) -> dict[str, Placement]:
         return {"weight": Shard(0)}
+
+
+class SequenceParallelRMSNorm(LlamaRMSNorm):
+    """LlamaRMSNorm on this rank's sequence shard: the weight is replicated, so its gradient (a
+    partial sum over the shards) is all-reduced."""
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return copy_to_tensor_parallel(self.weight) * hidden_states.to(input_dtype)
 
 
 class ColumnParallelConv1D(Conv1D):
@@ -197,11 +265,12 @@ class ParallelCausalLM(nn.Module):
     or left vocab-parallel."""
 
     def __init__(self, backbone_name: str, backbone: nn.Module, embedding: nn.Module, hidden: int,
-                 vocab: int, world_size: int, *, tie: bool, gather_logits: bool) -> None:
+                 vocab: int, world_size: int, *, tie: bool, gather_logits: bool,
+                 sequence_parallel: bool = False) -> None:
         super().__init__()
         self.backbone_name = backbone_name
         self.add_module(backbone_name, backbone)
-        self.lm_head = ColumnParallelLinear(hidden, vocab, world_size)
+        self.lm_head = ColumnParallelLinear(hidden, vocab, world_size, sequence_parallel=sequence_parallel)
         if tie:
             self.lm_head.weight = embedding.weight
         self.gather_logits = gather_logits

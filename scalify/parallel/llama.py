@@ -24,6 +24,7 @@ from scalify.parallel.layers import (
     ParallelCausalLM,
     ColumnParallelLinear,
     RowParallelLinear,
+    SequenceParallelRMSNorm,
     VocabParallelEmbedding,
     divide,
 )
@@ -72,15 +73,15 @@ class ParallelLlamaAttention(nn.Module):
 
         q_features = config.num_attention_heads * self.head_dim
         kv_features = config.num_key_value_heads * self.head_dim
-        bias = config.attention_bias
-        self.q_proj = parts.q_proj(config.hidden_size, q_features, world_size, bias=bias)
+        bias, sp = config.attention_bias, parts.sequence_parallel_options()
+        self.q_proj = parts.q_proj(config.hidden_size, q_features, world_size, bias=bias, **sp)
         self.k_proj = ColumnParallelLinear(
-            config.hidden_size, kv_features, kv_chunks, bias=bias, chunk_of_rank=kv_chunk_of_rank
+            config.hidden_size, kv_features, kv_chunks, bias=bias, chunk_of_rank=kv_chunk_of_rank, **sp
         )
         self.v_proj = ColumnParallelLinear(
-            config.hidden_size, kv_features, kv_chunks, bias=bias, chunk_of_rank=kv_chunk_of_rank
+            config.hidden_size, kv_features, kv_chunks, bias=bias, chunk_of_rank=kv_chunk_of_rank, **sp
         )
-        self.o_proj = parts.o_proj(q_features, config.hidden_size, world_size, bias=bias)
+        self.o_proj = parts.o_proj(q_features, config.hidden_size, world_size, bias=bias, **sp)
 
     def forward(
         self,
@@ -88,10 +89,11 @@ class ParallelLlamaAttention(nn.Module):
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
         attention_mask: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        input_shape = hidden_states.shape[:-1]
+        query_states = self.q_proj(hidden_states)
+        input_shape = query_states.shape[:-1]  # the whole sequence, also under sequence parallelism
         hidden_shape = (*input_shape, -1, self.head_dim)
 
-        query_states = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        query_states = query_states.view(hidden_shape).transpose(1, 2)
         key_states = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
         value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
 
@@ -119,9 +121,10 @@ class ParallelLlamaMLP(nn.Module):
     def __init__(self, config: LlamaConfig, world_size: int, parts: LlamaParts) -> None:
         super().__init__()
         hidden, intermediate, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
-        self.gate_proj = ColumnParallelLinear(hidden, intermediate, world_size, bias=bias)
-        self.up_proj = ColumnParallelLinear(hidden, intermediate, world_size, bias=bias)
-        self.down_proj = parts.down_proj(intermediate, hidden, world_size, bias=bias)
+        sp = parts.sequence_parallel_options()
+        self.gate_proj = ColumnParallelLinear(hidden, intermediate, world_size, bias=bias, **sp)
+        self.up_proj = ColumnParallelLinear(hidden, intermediate, world_size, bias=bias, **sp)
+        self.down_proj = parts.down_proj(intermediate, hidden, world_size, bias=bias, **sp)
         self.act_fn = ACT2FN[config.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -136,8 +139,8 @@ class ParallelLlamaDecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = parts.attention(config, world_size, parts)
         self.mlp = ParallelLlamaMLP(config, world_size, parts)
-        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.input_layernorm = parts.norm()(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = parts.norm()(config.hidden_size, eps=config.rms_norm_eps)
 
     def forward(
         self,
@@ -167,29 +170,31 @@ class ParallelLlamaModel(nn.Module):
     def __init__(self, config: LlamaConfig, rank: int, world_size: int, parts: LlamaParts) -> None:
         super().__init__()
         self.config = config
-        self.embed_tokens = parts.embedding(config.vocab_size, config.hidden_size, rank, world_size)
+        self.embed_tokens = parts.embedding(config.vocab_size, config.hidden_size, rank, world_size,
+                                            **parts.sequence_parallel_options())
         self.layers = nn.ModuleList(
             [ParallelLlamaDecoderLayer(config, world_size, parts) for _ in range(config.num_hidden_layers)]
         )
-        self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.norm = parts.norm(final=True)(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = LlamaRotaryEmbedding(config=config)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        inputs_embeds = self.embed_tokens(input_ids)
+        inputs_embeds = self.embed_tokens(input_ids)  # this rank's sequence shard under SP
+        whole = inputs_embeds.new_zeros((*input_ids.shape, inputs_embeds.shape[-1]))
 
-        position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + PAST_SEEN_TOKENS
+        position_ids = torch.arange(input_ids.shape[1], device=inputs_embeds.device) + PAST_SEEN_TOKENS
         position_ids = position_ids.unsqueeze(0)
 
         causal_mask = create_causal_mask(
             config=self.config,
-            inputs_embeds=inputs_embeds,
+            inputs_embeds=whole,
             attention_mask=attention_mask,
             past_key_values=None,
             position_ids=position_ids,
         )
 
         hidden_states = inputs_embeds
-        position_embeddings = self.rotary_emb(hidden_states, position_ids=position_ids)
+        position_embeddings = self.rotary_emb(whole, position_ids=position_ids)
 
         for decoder_layer in self.layers:
             hidden_states = decoder_layer(
@@ -212,6 +217,18 @@ class LlamaParts:
     down_proj: type[RowParallelLinear] = RowParallelLinear
     attention: type[ParallelLlamaAttention] = ParallelLlamaAttention
     kv_head_of_rank: Callable[[int, int, int], int] = kv_head_of_rank
+    sequence_parallel: bool = False
+    final_norm: type[LlamaRMSNorm] | None = None  # default: as the layers' norms
+
+    def sequence_parallel_options(self) -> dict[str, bool]:
+        """Constructor options of the sharded layers (empty without sequence parallelism)."""
+        return {"sequence_parallel": True} if self.sequence_parallel else {}
+
+    def norm(self, final: bool = False) -> type[LlamaRMSNorm]:
+        """The RMSNorm class: on sequence shards (gradient all-reduced) under SP."""
+        if final and self.final_norm is not None:
+            return self.final_norm
+        return SequenceParallelRMSNorm if self.sequence_parallel else LlamaRMSNorm
 
 
 def build_llama_rank(
@@ -222,4 +239,5 @@ def build_llama_rank(
     divide(config.intermediate_size, world_size, "intermediate_size")
     backbone = ParallelLlamaModel(config, rank, world_size, parts)
     return ParallelCausalLM("model", backbone, backbone.embed_tokens, config.hidden_size, config.vocab_size,
-                            world_size, tie=config.tie_word_embeddings, gather_logits=gather_logits)
+                            world_size, tie=config.tie_word_embeddings, gather_logits=gather_logits,
+                            sequence_parallel=parts.sequence_parallel)

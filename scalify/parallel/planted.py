@@ -4,6 +4,8 @@ The line that does the wrong thing carries `# planted: <name>`; a verifier shoul
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -11,12 +13,16 @@ from transformers.models.llama.modeling_llama import repeat_kv
 
 from scalify.parallel.gpt2 import GPT2Parts, ParallelGPT2Attention
 from scalify.parallel.layers import (
+    SEQUENCE_DIM,
     ColumnParallelLinear,
     RowParallelConv1D,
     RowParallelLinear,
+    SequenceParallelRMSNorm,
     VocabParallelEmbedding,
     all_reduce_sum,
     divide,
+    gather_sequence,
+    own_chunk,
 )
 from scalify.parallel.llama import LlamaParts, ParallelLlamaAttention
 from scalify.placements import Placement, Shard
@@ -30,6 +36,10 @@ PLANTED_BUGS: dict[str, str] = {
     "softmax-wrong-dim": "llama attention softmax over dim 1 (the sharded heads) instead of the keys",
     "double-allreduce": "llama MLP down_proj all_reduces its output twice",
     "gqa-wrong-kv-head": "llama with fewer kv heads than ranks gives rank r kv head r % kv_heads",
+    "sp-norm-grad-unreduced": "sequence-parallel llama: the final norm's weight gradient (a sum "
+                              "over sequence shards) is not all-reduced",
+    "sp-gather-grad-not-reduced": "sequence-parallel llama: the backward of q_proj's sequence "
+                                  "all-gather keeps its own chunk instead of reduce-scattering",
 }
 
 
@@ -104,6 +114,30 @@ def kv_head_of_rank_modulo(rank: int, world_size: int, kv_heads: int) -> int:
     return rank % kv_heads  # planted: gqa-wrong-kv-head
 
 
+class UnreducedGradRMSNorm(SequenceParallelRMSNorm):
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hidden_states.to(input_dtype)  # planted: sp-norm-grad-unreduced
+
+
+class _GatherSequenceSplitGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, local: torch.Tensor) -> torch.Tensor:
+        return gather_sequence(local)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return own_chunk(grad, SEQUENCE_DIM)  # planted: sp-gather-grad-not-reduced
+
+
+class SplitGradColumnLinear(ColumnParallelLinear):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(_GatherSequenceSplitGrad.apply(x), self.weight, self.bias)
+
+
 PLANTED_PARTS: dict[str, dict[str, LlamaParts | GPT2Parts]] = {
     "missing-allreduce": {"llama": LlamaParts(o_proj=RowLinearWithoutAllReduce)},
     "global-heads-reshape": {"gpt2": GPT2Parts(attention=GlobalHeadsGPT2Attention)},
@@ -116,5 +150,7 @@ PLANTED_PARTS: dict[str, dict[str, LlamaParts | GPT2Parts]] = {
     "softmax-wrong-dim": {"llama": LlamaParts(attention=SoftmaxOverHeadsAttention)},
     "double-allreduce": {"llama": LlamaParts(down_proj=DoubleAllReduceRowLinear)},
     "gqa-wrong-kv-head": {"llama": LlamaParts(kv_head_of_rank=kv_head_of_rank_modulo)},
+    "sp-norm-grad-unreduced": {"llama": LlamaParts(final_norm=UnreducedGradRMSNorm)},
+    "sp-gather-grad-not-reduced": {"llama": LlamaParts(q_proj=SplitGradColumnLinear)},
 }
 """For each bug, the parts that plant it, per model family it applies to."""

@@ -194,4 +194,5 @@ FACT_RULES = (
     "(rule ((= t (concat a b d na nb))) "
     "((set (dimsize a d) na) (set (dimsize b d) nb) (set (dimsize t d) (+ na nb))) :ruleset lemmas)",
     "(rule ((= t (unsqueeze x d))) ((set (dimsize t d) 1)) :ruleset lemmas)",
+    "(rule ((= t (psum a b)) (= n (dimsize a d))) ((set (dimsize t d) n)) :ruleset lemmas)",
 )

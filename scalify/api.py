@@ -16,7 +16,7 @@ from .ir.distributed import merge_ranks
 from .ir.symmetry import symbolic_program
 from .placements import Placement, Replicate, Shard
 from .report.model import Report
-from .steps import Step, hf_logits, hf_loss, training_step
+from .programs import programs_for
 from .verify.numeric import cross_check
 from .verify.relations import even_placements
 from .verify.verifier import VerifyOptions
@@ -93,50 +93,23 @@ def verify(config: str | os.PathLike | dict | Experiment, *, numeric: bool | Non
            progress: Progress = _quiet, executor: Executor | None = None) -> Report:
     """Verify the experiment a YAML file (or dict, or loaded Experiment) describes, on `executor`
     (default: the one its `engine` section asks for)."""
-    from .models import build_reference, example_inputs, make_hf_config
-    from .parallel import build_rank_model, finalize_grads, param_placements
-
     experiment = config if isinstance(config, Experiment) else load_experiment(config)
-    model, plan = experiment.model, experiment.plan
-    hf_config = make_hf_config(model.family, model.config)
-    reference = build_reference(model.family, hf_config)
-    world = experiment.world_size()
-    placements = param_placements(model.family, hf_config, world, planted_bug=plan.planted_bug)
-    inputs = example_inputs(model.family, experiment.inputs.batch, experiment.inputs.seq)
-    rank_model = lambda rank: build_rank_model(  # noqa: E731
-        model.family, hf_config, rank, world, logits=plan.logits, planted_bug=plan.planted_bug,
-        sequence_parallel=plan.sequence_parallel)
-    backward = experiment.verify.backward
-    if backward:
-        inputs["labels"] = inputs["input_ids"].clone()
-        names = [name for name, _ in reference.named_parameters()]
-        # Models stay in eval mode: the step is verified with dropout off.
-        reference_step = Step(reference, training_step(hf_loss, names))
-        rank_step = lambda rank: Step(rank_model(rank),  # noqa: E731
-                                      training_step(rank_loss, names, finalize_grads))
-        outputs = [Replicate(), *(placements[name] for name in names)]
-    else:
-        reference_step, rank_step = Step(reference, hf_logits), rank_model
-        outputs = [Replicate() if plan.logits == "gathered" else Shard(-1)]
+    programs = programs_for(experiment)
     report = verify_modules(
-        reference_step, rank_step, world, inputs, placements, output_placements=outputs,
+        programs.reference, programs.rank, experiment.world_size(), programs.inputs,
+        programs.placements, programs.input_placements, output_placements=programs.outputs,
         numeric=experiment.verify.numeric if numeric is None else numeric, name=experiment.name,
         progress=progress, capture_workers=os.cpu_count() or 1,
         options=VerifyOptions(window_depth=experiment.verify.window_depth,
                               memo=experiment.verify.memo, memo_store=experiment.verify.memo_store,
                               rank_symmetry=experiment.verify.rank_symmetry),
-        executor=executor or executor_for(experiment.engine), grad=backward)
+        executor=executor or executor_for(experiment.engine), grad=programs.grad)
     report.config = experiment.to_dict()
     if experiment.tracking.enabled:
         from .tracking import log_run
 
         report.stats["mlflow_run_id"] = log_run(report, experiment.tracking)
     return report
-
-
-def rank_loss(model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-    """A rank model's loss: its forward with labels returns it."""
-    return model(**inputs)
 
 
 def _named(example_inputs: dict[str, torch.Tensor] | tuple) -> dict[str, torch.Tensor]:

@@ -40,6 +40,9 @@ class PlanSpec:
     style: str = "megatron"
     tensor_parallel: int = 1
     sequence_parallel: bool = False
+    data_parallel: int = 1
+    micro_batches: int = 1
+    zero_stage: int = 0
     logits: str = "gathered"
     planted_bug: str | None = None
 
@@ -111,7 +114,7 @@ class Experiment:
 
     def world_size(self) -> int:
         """Number of ranks the plan runs on."""
-        return self.plan.tensor_parallel
+        return self.plan.tensor_parallel * self.plan.data_parallel
 
     def to_dict(self) -> dict:
         """Plain nested data, for reports."""
@@ -253,11 +256,25 @@ def _choice(*options: str) -> Checker:
     return check
 
 
+def _int_choice(*options: int) -> Checker:
+    """A checker that accepts exactly one of the integers `options`."""
+
+    def check(value: Any, where: _Where) -> int:
+        if isinstance(value, bool) or value not in options:
+            raise where.error(f"expected one of: {', '.join(map(str, options))}, got {_show(value)}")
+        return value
+
+    return check
+
+
 _SCHEMAS: dict[type, dict[str, Checker]] = {
     PlanSpec: {
         "style": _choice(*PLAN_STYLES),
         "tensor_parallel": _positive_int,
         "sequence_parallel": _boolean,
+        "data_parallel": _positive_int,
+        "micro_batches": _positive_int,
+        "zero_stage": _int_choice(0, 1, 2),
         "logits": _choice(*LOGITS_MODES),
         "planted_bug": _optional_text,
     },
@@ -375,10 +392,15 @@ def load_experiment(source: str | os.PathLike | dict) -> Experiment:
     model = _model_spec(*sections["model"], overrides["model"])
     plan = _build(PlanSpec, *sections["plan"])
     hardware = _build(HardwareSpec, *sections["hardware"])
-    if hardware.devices != plan.tensor_parallel:
+    world = plan.tensor_parallel * plan.data_parallel
+    if plan.tensor_parallel > 1 and plan.data_parallel > 1:
+        raise sections["plan"][0]["data_parallel"][1].error(
+            "data parallelism combined with tensor parallelism (a 2-D mesh) is not supported yet: "
+            "set tensor_parallel or data_parallel to 1")
+    if hardware.devices != world:
         raise sections["hardware"][0]["devices"][1].error(
-            f"{hardware.devices} devices do not match the plan's world size {plan.tensor_parallel} "
-            f"(tensor_parallel={plan.tensor_parallel})"
+            f"{hardware.devices} devices do not match the plan's world size {world} "
+            f"(tensor_parallel={plan.tensor_parallel}, data_parallel={plan.data_parallel})"
         )
     return Experiment(
         name=_text(*top["name"]) if "name" in top else origin.default_name,

@@ -159,7 +159,7 @@ X = "configs/experiments/x.yaml"
         (MINIMAL + "verify: {numeric: 1}\n", f"{X}: verify.numeric: expected true or false, got 1"),
         (
             MINIMAL + "verify: {numerik: true}\n",
-            f"{X}: verify.numerik: unknown key (expected one of: memo, memo_store, numeric, rank_symmetry, window_depth)",
+            f"{X}: verify.numerik: unknown key (expected one of: backward, memo, memo_store, numeric, rank_symmetry, window_depth)",
         ),
         (MINIMAL + "verfy: {}\n", f"{X}: verfy: unknown key (expected one of: engine, hardware, inputs,"),
         (MINIMAL + "engine: {kind: spark}\n", f"{X}: engine.kind: expected one of: auto, inline, ray, got 'spark'"),
@@ -193,7 +193,7 @@ X = "configs/experiments/x.yaml"
         ),
         (
             MINIMAL + "overrides: {plan.tp: 2}\n",
-            f"{X}: overrides.plan.tp: unknown key (expected one of: logits, planted_bug, style, tensor_parallel)",
+            f"{X}: overrides.plan.tp: unknown key (expected one of: data_parallel, logits, micro_batches, planted_bug, sequence_parallel, style, tensor_parallel, zero_stage)",
         ),
         (
             MINIMAL + "overrides: {layers: 2}\n",
@@ -207,7 +207,7 @@ X = "configs/experiments/x.yaml"
         (
             "model: llama-tiny\nplan: megatron-tp8\nhardware: gpu-4\n",
             f"{REPO_CONFIGS}/hardware/gpu-4.yaml: hardware.devices: 4 devices do not match the plan's world size 8"
-            " (tensor_parallel=8)",
+            " (tensor_parallel=8, data_parallel=1)",
         ),
         (MINIMAL + "name: 7\n", f"{X}: name: expected a non-empty string, got 7"),
         ("model: llama-tiny\nplan: [megatron\n", f"{X}:3: malformed YAML: "),

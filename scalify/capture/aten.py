@@ -85,10 +85,17 @@ _UNARY_NAMES = ["neg", "exp", "log", "rsqrt", "sqrt", "sin", "cos", "tanh", "sig
                 "relu", "reciprocal", "abs", "logical_not", "bitwise_not", "gelu", "erf"]
 
 
+_PROMOTING = {"add", "sub", "mul", "div", "pow", "maximum", "minimum"}
+
+
 def _elementwise(b: GraphBuilder, op: str, operands: list[Any], out: Any, **attrs: Any) -> Ref:
-    shape = _out_shape(out)
+    """`op` on broadcast operands; arithmetic casts its operands to the result type first (type
+    promotion made explicit)."""
+    shape, dtype = _out_shape(out), _dtype_name(out.dtype)
     refs = [b.broadcast(o, shape) for o in operands]
-    return b.emit(op, refs, _dtype_name(out.dtype), **attrs)
+    if op in _PROMOTING:
+        refs = [r if r.dtype == dtype else b.emit("cast", [r], dtype, dtype=dtype) for r in refs]
+    return b.emit(op, refs, dtype, **attrs)
 
 
 def _cast_to(b: GraphBuilder, ref: Ref, out: Any) -> Ref:
@@ -176,6 +183,8 @@ def _sum(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Resu
         dims = [dims]
     keepdim = bool(args[2] if len(args) > 2 else kwargs.get("keepdim", False))
     op = "amax" if name == "amax" else "sum"
+    if op == "sum" and x.dtype == "bool":  # a count: summed as integers
+        x = b.emit("cast", [x], "int64", dtype="int64")
     result = _reduce(b, op, x, list(dims), keepdim)
     if name == "mean":
         count = 1
@@ -323,8 +332,42 @@ def _embedding(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -
 def _index(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
     source, indices = args
     tensors = [i for i in indices if i is not None]
+    moved = _index_by_aranges(b, source, indices, _out_shape(out))
+    if moved is not None:
+        return moved
     return b.emit("index", [source, *tensors], _dtype_name(out.dtype), shape=_out_shape(out),
                   none_positions=tuple(i is None for i in indices))
+
+
+def _arange_dim(b: GraphBuilder, ref: Ref) -> int | None:
+    """The one dim along which index tensor `ref` counts 0, 1, 2, ... (an arange broadcast into
+    place), or None."""
+    node, unsqueezed = b.graph[ref.name], []
+    while node.op in ("unsqueeze", "expand") or (node.op == "add_scalar" and node.attr("value") == 0):
+        if node.op == "unsqueeze":
+            unsqueezed.append(node.attr("dim"))
+        node = b.graph[node.inputs[0]]
+    if node.op != "iota" or node.attr("start") != 0 or node.attr("step") != 1:
+        return None
+    position = 0
+    for dim in reversed(unsqueezed):  # replay the unsqueezes from the arange outward
+        position += dim <= position
+    return position if ref.shape[position] in (1, node.shape[0]) else None
+
+
+def _index_by_aranges(b: GraphBuilder, source: Ref, indices: list, shape: tuple[int, ...]) -> Ref | None:
+    """`source[arange_0, arange_1, ...]` with each arange counting along its own output dim (how
+    masks are built) is data movement: unsqueezes around the source's dims, in order."""
+    if any(i is None for i in indices) or len(indices) != len(source.shape):
+        return None
+    dims = [_arange_dim(b, i) for i in indices]
+    if None in dims or dims != sorted(dims) or len(set(dims)) != len(dims) or any(
+            shape[d] != source.shape[k] for k, d in enumerate(dims)):
+        return None
+    for position in range(len(shape)):
+        if position not in dims:
+            source = b.emit("unsqueeze", [source], dim=position)
+    return source
 
 
 # Backward-only ops without a decomposition into core ops (see tracer.DECOMPOSED for the rest).
@@ -391,8 +434,10 @@ def _nll_loss(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) ->
     ignored, safe = _ignored(b, target, ignore_index)
     picked = b.emit("masked_fill", [b.emit("take", [logp, safe]), ignored], value=0.0)
     losses = b.emit("neg", [picked])
-    counted = b.emit("cast", [b.emit("logical_not", [ignored])], logp.dtype, dtype=logp.dtype)
-    total = b.emit("squeeze", [b.emit("sum", [counted], dim=0)], dim=0)
+    counted = b.emit("cast", [b.emit("ne_scalar", [target], "bool", value=ignore_index)], "int64",
+                     dtype="int64")
+    count = b.emit("squeeze", [b.emit("sum", [counted], dim=0)], dim=0)
+    total = b.emit("cast", [count], logp.dtype, dtype=logp.dtype)
     if _REDUCTIONS[reduction] == "none":
         return (losses, total)
     loss = b.emit("squeeze", [b.emit("sum", [losses], dim=0)], dim=0)

@@ -170,3 +170,22 @@ def constant_keys(graph: Graph) -> dict[str, str]:
             text = repr((node.op, node.attrs, node.shape, node.dtype, [keys[i] for i in node.inputs]))
             keys[node.name] = hashlib.sha1(text.encode()).hexdigest()[:16]
     return keys
+
+
+def constant_terms(graph: Graph) -> dict[str, str]:
+    """The egglog term of every node that depends on no placeholder: a `(const "hash")` leaf,
+    except that broadcasts of constants stay `expand`/`unsqueeze` terms, so a constant the size
+    of the whole batch relates to each rank's smaller one."""
+    keys = constant_keys(graph)
+    terms: dict[str, str] = {}
+    for node in graph:
+        if node.name not in keys:
+            continue
+        inner = terms.get(node.inputs[0]) if node.inputs else None
+        if node.op == "expand" and inner:
+            terms[node.name] = f"(expand {inner} {node.attr('dim')} {node.attr('size')})"
+        elif node.op == "unsqueeze" and inner:
+            terms[node.name] = f"(unsqueeze {inner} {node.attr('dim')})"
+        else:
+            terms[node.name] = f'(const "{keys[node.name]}")'
+    return terms

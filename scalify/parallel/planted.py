@@ -7,10 +7,14 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from transformers.loss.loss_utils import ForCausalLMLoss
 from transformers.models.llama.modeling_llama import repeat_kv
 
+from scalify.errors import ConfigError
+from scalify.parallel.data import DataParallelStep, sum_over_ranks
 from scalify.parallel.gpt2 import GPT2Parts, ParallelGPT2Attention
 from scalify.parallel.layers import (
     SEQUENCE_DIM,
@@ -40,7 +44,12 @@ PLANTED_BUGS: dict[str, str] = {
                               "over sequence shards) is not all-reduced",
     "sp-gather-grad-not-reduced": "sequence-parallel llama: the backward of q_proj's sequence "
                                   "all-gather keeps its own chunk instead of reduce-scattering",
+    "dp-mean-of-means": "data parallel: each micro-batch's loss is its own token mean, averaged "
+                        "over micro-batches and ranks (not weighted by tokens)",
+    "dp-grads-averaged": "data parallel: gradients of a loss already normalised by the global "
+                         "token count are divided by the number of ranks",
 }
+DATA_PARALLEL_BUGS = ("dp-mean-of-means", "dp-grads-averaged")
 
 
 class RowLinearWithoutAllReduce(RowParallelLinear):
@@ -154,3 +163,29 @@ PLANTED_PARTS: dict[str, dict[str, LlamaParts | GPT2Parts]] = {
     "sp-gather-grad-not-reduced": {"llama": LlamaParts(q_proj=SplitGradColumnLinear)},
 }
 """For each bug, the parts that plant it, per model family it applies to."""
+
+
+class MeanOfMeansStep(DataParallelStep):
+    def loss_of(self, model: nn.Module, inputs: dict[str, torch.Tensor],
+                tokens: torch.Tensor) -> torch.Tensor:
+        logits = model(**{k: v for k, v in inputs.items() if k != "labels"}, use_cache=False).logits
+        share = dist.get_world_size() * self.micro_batches
+        return ForCausalLMLoss(logits, inputs["labels"], logits.shape[-1]) / share  # planted: dp-mean-of-means
+
+
+class AveragedGradsStep(DataParallelStep):
+    def sync(self, grad: torch.Tensor) -> torch.Tensor:
+        return sum_over_ranks(grad) / dist.get_world_size()  # planted: dp-grads-averaged
+
+
+_DATA_PARALLEL_STEPS = {None: DataParallelStep, "dp-mean-of-means": MeanOfMeansStep,
+                        "dp-grads-averaged": AveragedGradsStep}
+
+
+def data_parallel_step(planted_bug: str | None, names: tuple[str, ...], micro_batches: int,
+                       zero_stage: int) -> DataParallelStep:
+    """The data-parallel training step, with `planted_bug` planted if given."""
+    if planted_bug not in _DATA_PARALLEL_STEPS:
+        raise ConfigError(f"planted bug {planted_bug!r} does not apply to data parallelism; "
+                          f"known: {', '.join(DATA_PARALLEL_BUGS)}")
+    return _DATA_PARALLEL_STEPS[planted_bug](names, micro_batches, zero_stage)

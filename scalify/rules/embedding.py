@@ -47,6 +47,11 @@ GRAD_LOOKUP = ('(embedding_grad (masked_fill g (expand (unsqueeze m k) k h) "0.0
 
 def rules() -> list[Rule]:
     return [
+        Rule("embedding-over-concat-ids", "(embedding w (concat a b d na nb))",
+             "(concat (embedding w a) (embedding w b) d na nb)",
+             lambda gen, c: {"w": tensor(gen, 5, 4), "a": torch.randint(0, 5, (1, 6), generator=gen),
+                             "b": torch.randint(0, 5, (2, 6), generator=gen), "d": 0, "na": 1,
+                             "nb": 2}),
         Rule("embedding-as-range", "(embedding w ids)", "(embed_range w ids 0)",
              lambda gen, c: {"w": tensor(gen, 5, 4), "ids": torch.randint(0, 5, (2, 6), generator=gen)}),
         Rule("embed-range-over-rows", "(embed_range (concat a b 0 na nb) ids s)",

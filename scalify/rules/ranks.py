@@ -69,6 +69,55 @@ def _elementwise() -> list[Rule]:
     ]
 
 
+def _row_wise() -> list[Rule]:
+    """Ops that act on each position alone commute with a rank concatenation of all their
+    operands (a batch or sequence split), or of one operand beside invariant broadcasts."""
+    def ints(gen, *shape):
+        return Family(torch.randint(-2, 3, shape, generator=gen) for _ in range(WORLD))
+
+    def compare(gen, choice):
+        return {"x": ints(gen, *SHAPE), "d": 1, "s": 2, "v": 1, **choice}
+
+    def masked(gen, choice):
+        return {"x": family(gen, *SHAPE), "m": Family(t > 0 for t in ints(gen, *SHAPE)), "d": 1,
+                "s": 2, "v": "0.0"}
+
+    def selected(gen, choice):
+        return {"c": Family(t > 0 for t in ints(gen, *SHAPE)), "x": family(gen, *SHAPE),
+                "y": family(gen, *SHAPE), "d": 1, "s": 2, "n": 2 * WORLD,
+                "u": tensor(gen, 3, 1, 5), "w": tensor(gen, 3, 1, 5)}
+
+    def rows(gen, choice):
+        return {"x": family(gen, 2, 3, 5), "g": family(gen, 2, 3),
+                "t": Family(torch.randint(0, 5, (2, 3), generator=gen) for _ in range(WORLD)),
+                "d": 0, "s": 2, "v": 5}
+
+    return [
+        Rule("compare-over-rcat", "(cmp_int f (rcat x d s) v)", "(rcat (cmp_int f x v) d s)",
+             compare, families={"f": ("lt", "le", "gt", "ge", "eq", "ne")}),
+        Rule("add-int-over-rcat", "(add_int (rcat x d s) v)", "(rcat (add_int x v) d s)", compare),
+        Rule("masked-fill-over-rcats", "(masked_fill (rcat x d s) (rcat m d s) v)",
+             "(rcat (masked_fill x m v) d s)", masked),
+        Rule("masked-fill-over-broadcast-and-rcat", "(masked_fill (expand u d n) (rcat m d s) v)",
+             "(rcat (masked_fill (expand u d s) m v) d s)",
+             lambda gen, c: {**masked(gen, c), "u": tensor(gen, 3, 1, 5), "n": 2 * WORLD},
+             when=("(inv u)",)),
+        Rule("where-over-rcats", "(where3 (rcat c d s) (rcat x d s) (rcat y d s))",
+             "(rcat (where3 c x y) d s)", selected),
+        Rule("where-over-rcat-and-broadcasts", "(where3 (rcat c d s) (expand u d n) (expand w d n))",
+             "(rcat (where3 c (expand u d s) (expand w d s)) d s)", selected,
+             when=("(inv u)", "(inv w)")),
+        Rule("embedding-grad-over-rcat-tokens", "(embedding_grad (rcat g d s) (rcat t d s) v)",
+             "(rsum (embedding_grad g t v))",
+             lambda gen, c: {"g": family(gen, 2, 3, 4), "d": 0, "s": 2, "v": 5,
+                             "t": Family(torch.randint(0, 5, (2, 3), generator=gen)
+                                         for _ in range(WORLD))}),
+        Rule("take-over-rcats", "(take (rcat x d s) (rcat t d s))", "(rcat (take x t) d s)", rows),
+        Rule("untake-over-rcats", "(untake (rcat g d s) (rcat t d s) v)",
+             "(rcat (untake g t v) d s)", rows),
+    ]
+
+
 def _reductions() -> list[Rule]:
     other = lambda gen, c: {"x": family(gen, *SHAPE), "d": 1, "s": 2, "k": 2, **c}  # noqa: E731
     same = lambda gen, c: {"x": family(gen, *SHAPE), "d": 1, "s": 2}  # noqa: E731
@@ -206,6 +255,12 @@ def _embedding() -> list[Rule]:
                    '(masked_fill (add_int_r ids a b) m "0") s)')
     rank_range = "(embed_grad_rrange g ids s)"
     return [
+        Rule("embedding-over-rcat-ids", "(embedding w (rcat ids d s))",
+             "(rcat (embedding w ids) d s)",
+             lambda gen, c: {"w": tensor(gen, 5, 3), "d": 0, "s": 2,
+                             "ids": Family(torch.randint(0, 5, (2, 4), generator=gen)
+                                           for _ in range(WORLD))},
+             when=("(inv w)",)),
         Rule("embedding-over-rcat-rows", "(embedding (rcat w 0 s) ids)",
              "(rsum (embed_rrange w ids s))", table, when=("(inv ids)",)),
         Rule("masked-rank-lookup", lookup, "(embed_rrange w ids s)", masked,
@@ -228,7 +283,7 @@ def _rank_mask(ids: torch.Tensor, rows: int) -> Family:
 
 
 def rules() -> list[Rule]:
-    return [*_elementwise(), *_reductions(), *_matmuls(), *_movement(), *_embedding()]
+    return [*_elementwise(), *_row_wise(), *_reductions(), *_matmuls(), *_movement(), *_embedding()]
 
 
 # Invariance: the whole-family constructors give one value on every rank, and rank-wise
@@ -237,7 +292,7 @@ _RANK_WISE = {
     "unary": "f x", "binary": "f x y", "where3": "x y z", "reduce": "f x d", "softmax": "f x d",
     "matmul": "x y d", "merge": "x d i", "split": "x d i", "unsqueeze": "x d", "squeeze": "x d",
     "transpose": "x d e", "expand": "x d n", "slice": "x d a b", "concat": "x y d a b",
-    "embedding": "x y", "embedding_grad": "x y d", "masked_fill": "x y f", "pad": "x d a b f", "cmp_int": "f x d", "add_int": "x d",
+    "embedding": "x y", "embedding_grad": "x y d", "take": "x y", "untake": "x y d", "masked_fill": "x y f", "pad": "x d a b f", "cmp_int": "f x d", "add_int": "x d",
 }
 _TENSOR_ARGS = ("x", "y", "z")
 # Data movement that loses no element: an invariant result has invariant operands.

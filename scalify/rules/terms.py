@@ -54,6 +54,8 @@ DECLARATIONS = f"""
   (rslice T i64 i64 :cost 2)
   (embed_rrange T T i64 :cost {COMPUTE_COST})
   (embedding_grad T T i64 :cost {COMPUTE_COST})
+  (take T T :cost {COMPUTE_COST})
+  (untake T T i64 :cost {COMPUTE_COST})
   (embed_grad_rrange T T i64 :cost {COMPUTE_COST})
   (embed_grad_range T T i64 i64 :cost {COMPUTE_COST})
   (cmp_int_r String T i64 i64 :cost {COMPUTE_COST})
@@ -308,6 +310,8 @@ _CONSTRUCTORS = {
     "embed_range": _embed_range,
     "embedding_grad": lambda g, ids, rows: _run("embedding_grad", [g, ids], {"rows": rows}),
     "embed_grad_range": _embedding_grad_range,
+    "take": lambda x, index: _run("take", [x, index], {}),
+    "untake": lambda g, index, size: _run("untake", [g, index], {"size": size}),
     "masked_fill": lambda x, m, v: x.masked_fill(m, ast.literal_eval(v)),
     "pad": lambda x, d, a, b, v: _run("pad", [x], {"dim": d, "before": a, "after": b,
                                                      "value": ast.literal_eval(v)}),

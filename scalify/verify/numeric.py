@@ -16,6 +16,7 @@ from ..ir.ops import OPS
 from ..placements import Partial, Placement, Replicate, Shard
 
 _FLOATS = {"float32", "float16", "bfloat16", "float64"}
+IGNORE_INDEX = -100  # the target id a loss skips
 
 
 def _value(node: Node, inputs: list[torch.Tensor]) -> torch.Tensor:
@@ -47,7 +48,9 @@ def run_graph(graph: Graph, env: dict[str, torch.Tensor]) -> dict[str, torch.Ten
 
 def random_inputs(graph: Graph, seed: int = 0) -> dict[str, torch.Tensor]:
     """Float placeholders ~ N(0, 0.5); integer ids spread evenly below every table they index
-    (so vocab shard boundaries are hit); other integer inputs (masks) are ones."""
+    (so vocab shard boundaries are hit); `labels` random targets below the largest table with
+    about a quarter ignored (-100, unevenly placed, so token-weighted and per-batch means
+    differ); other integer inputs (masks) are ones."""
     gen = torch.Generator().manual_seed(seed)
     limits: dict[str, int] = {}
     for node in graph:
@@ -64,9 +67,17 @@ def random_inputs(graph: Graph, seed: int = 0) -> dict[str, torch.Tensor]:
                 count *= size
             spread = torch.arange(count) * limits[node.name] // count  # hits shard boundaries
             values[node.name] = spread[torch.randperm(count, generator=gen)].reshape(node.shape)
+        elif node.name == "labels":
+            values[node.name] = _labels(node.shape, max(limits.values(), default=2), gen)
         else:
             values[node.name] = torch.ones(node.shape, dtype=getattr(torch, node.dtype))
     return values
+
+
+def _labels(shape: tuple[int, ...], classes: int, gen: torch.Generator) -> torch.Tensor:
+    labels = torch.randint(0, classes, shape, generator=gen)
+    ignored = torch.rand(shape, generator=gen) < 0.25
+    return labels.masked_fill(ignored, IGNORE_INDEX)
 
 
 def _rank_value(full: torch.Tensor, placement: Placement, rank: int, world: int) -> torch.Tensor:

@@ -14,7 +14,7 @@ from functools import cached_property
 from typing import Callable
 
 from ..errors import ShapeError
-from ..ir.distributed import DistributedGraph, constant_keys
+from ..ir.distributed import DistributedGraph, constant_terms
 from ..ir.graph import Graph, Node, SourceLoc
 from ..ir.ops import OPS
 from ..placements import Placement, Replicate
@@ -92,8 +92,8 @@ class Verifier:
         self.session = session or EgglogSession(options.iterations + unfold, options.memo,
                                                 self.store, rank_families=dist.symbolic)
         self.users = dist.graph.users()
-        self.dist_const = constant_keys(dist.graph)
-        self.ref_const = constant_keys(ref)
+        self.dist_const = constant_terms(dist.graph)
+        self.ref_const = constant_terms(ref)
         self.region = {n.name: region_of(n.source.module) for n in dist.graph}
         self.labels = {n.name: _label(n, "every rank" if dist.symbolic else
                                       f"rank {dist.rank_of(n.name)}") for n in dist.graph}
@@ -166,7 +166,7 @@ class Verifier:
         if node.op == "placeholder":
             relations[node.name] = self._input_relation(node, self.placements)
         elif node.name in self.ref_const:
-            relations[node.name] = Relation(f'(const "{self.ref_const[node.name]}")')
+            relations[node.name] = Relation(self.ref_const[node.name])
         elif any(relations[i] is None for i in node.inputs):
             relations[node.name] = None
             result.blocked += 1
@@ -317,7 +317,7 @@ class Verifier:
 
     def _definition(self, name: str) -> str:
         node = self.dist.graph[name]
-        args = [f'(const "{self.dist_const[a]}")' if a in self.dist_const else leaf(a)
+        args = [self.dist_const[a] if a in self.dist_const else leaf(a)
                 for a in node.inputs]
         return encode(node, args, [self.dist.graph[a].shape for a in node.inputs])
 

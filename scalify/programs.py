@@ -1,0 +1,91 @@
+"""What an experiment verifies: the reference program, each rank's program, their inputs, and
+the relations the plan promises (parameters and inputs in, outputs out)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import nn
+
+from .config import Experiment
+from .placements import Placement, Replicate, Shard
+from .steps import Step, hf_logits, hf_loss, training_step
+
+
+@dataclass
+class Programs:
+    """The modules `verify_modules` captures and the placements that relate them."""
+
+    reference: nn.Module
+    rank: Callable[[int], nn.Module]
+    inputs: dict[str, torch.Tensor]
+    placements: dict[str, Placement]
+    outputs: list[Placement]
+    grad: bool = False  # the programs compute gradients
+    input_placements: dict[str, Placement] = field(default_factory=dict)
+
+
+def programs_for(experiment: Experiment) -> Programs:
+    """The programs of a tensor/sequence-parallel or a data-parallel plan, forward or one
+    training step (`verify.backward`)."""
+    from .models import build_reference, example_inputs, make_hf_config
+
+    model = experiment.model
+    hf_config = make_hf_config(model.family, model.config)
+    reference = build_reference(model.family, hf_config)
+    inputs = example_inputs(model.family, experiment.inputs.batch, experiment.inputs.seq)
+    backward = experiment.verify.backward
+    if backward:
+        inputs["labels"] = inputs["input_ids"].clone()
+    names = [name for name, _ in reference.named_parameters()]
+    # Models stay in eval mode: a training step is verified with dropout off.
+    reference_step = Step(reference, training_step(hf_loss, names) if backward else hf_logits)
+    build = _data_parallel if experiment.plan.data_parallel > 1 else _tensor_parallel
+    return build(experiment, hf_config, reference_step, inputs, names)
+
+
+def _tensor_parallel(experiment: Experiment, hf_config, reference_step: Step,
+                     inputs: dict[str, torch.Tensor], names: list[str]) -> Programs:
+    from .parallel import build_rank_model, finalize_grads, param_placements
+
+    plan, family, world = experiment.plan, experiment.model.family, experiment.world_size()
+    placements = param_placements(family, hf_config, world, planted_bug=plan.planted_bug)
+
+    def rank_model(rank: int) -> nn.Module:
+        return build_rank_model(family, hf_config, rank, world, logits=plan.logits,
+                                planted_bug=plan.planted_bug,
+                                sequence_parallel=plan.sequence_parallel)
+
+    if not experiment.verify.backward:
+        logits = Replicate() if plan.logits == "gathered" else Shard(-1)
+        return Programs(reference_step, rank_model, inputs, placements, [logits])
+    step = training_step(rank_loss, names, finalize_grads)
+    return Programs(reference_step, lambda rank: Step(rank_model(rank), step), inputs, placements,
+                    [Replicate(), *(placements[name] for name in names)], grad=True)
+
+
+def _data_parallel(experiment: Experiment, hf_config, reference_step: Step,
+                   inputs: dict[str, torch.Tensor], names: list[str]) -> Programs:
+    from .models import build_reference
+    from .parallel.data import grad_placements
+    from .parallel.planted import data_parallel_step
+
+    plan, family = experiment.plan, experiment.model.family
+    batch_shards = {name: Shard(0) for name in inputs}
+
+    def rank_model(rank: int) -> nn.Module:
+        return build_reference(family, hf_config)
+
+    if not experiment.verify.backward:
+        return Programs(reference_step, lambda rank: Step(rank_model(rank), hf_logits), inputs, {},
+                        [Shard(0)], input_placements=batch_shards)
+    step = data_parallel_step(plan.planted_bug, tuple(names), plan.micro_batches, plan.zero_stage)
+    return Programs(reference_step, lambda rank: Step(rank_model(rank), step), inputs, {},
+                    [Replicate(), *grad_placements(names, plan.zero_stage)], grad=True,
+                    input_placements=batch_shards)
+
+
+def rank_loss(model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """A tensor-parallel rank model's loss: its forward with labels returns it."""
+    return model(**inputs)

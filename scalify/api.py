@@ -97,13 +97,18 @@ def verify(config: str | os.PathLike | dict | Experiment, *, numeric: bool | Non
     hf_config = make_hf_config(model.family, model.config)
     reference = build_reference(model.family, hf_config)
     world = experiment.world_size()
-    placements = param_placements(model.family, hf_config, world, planted_bug=plan.planted_bug)
-    logits = Replicate() if plan.logits == "gathered" else Shard(-1)
+    if plan.style == "dtensor":
+        from .parallel.dtensor import dtensor_subject
+
+        subject = dtensor_subject(model.family, hf_config, plan.dtensor_plan, world, plan.planted_bug)
+        rank_factory, placements, logits = subject.rank_factory, subject.param_placements, subject.logits
+    else:
+        placements = param_placements(model.family, hf_config, world, planted_bug=plan.planted_bug)
+        logits = Replicate() if plan.logits == "gathered" else Shard(-1)
+        rank_factory = lambda rank: build_rank_model(  # noqa: E731
+            model.family, hf_config, rank, world, logits=plan.logits, planted_bug=plan.planted_bug)
     report = verify_modules(
-        _LogitsOnly(reference),
-        lambda rank: build_rank_model(model.family, hf_config, rank, world, logits=plan.logits,
-                                      planted_bug=plan.planted_bug),
-        world, example_inputs(model.family, experiment.inputs.batch, experiment.inputs.seq),
+        _LogitsOnly(reference), rank_factory, world, example_inputs(model.family, experiment.inputs.batch, experiment.inputs.seq),
         placements, output_placements=[logits],
         numeric=experiment.verify.numeric if numeric is None else numeric, name=experiment.name,
         progress=progress, capture_workers=os.cpu_count() or 1,

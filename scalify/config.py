@@ -12,12 +12,13 @@ from typing import Any, Callable
 
 import yaml
 
+from scalify.dtensor_plan import DTensorPlan, PlanError, parse_plan
 from scalify.errors import ConfigError
 from scalify.models.presets import PRESETS
 
 MAX_FILE_BYTES = 1 << 20
 REPO_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
-PLAN_STYLES = ("megatron",)
+PLAN_STYLES = ("megatron", "dtensor")
 LOGITS_MODES = ("gathered", "vocab_parallel")
 HARDWARE_TARGETS = ("gpu", "neuron")
 ENGINE_KINDS = ("auto", "inline", "ray")
@@ -35,12 +36,18 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class PlanSpec:
-    """How the model is parallelised; `planted_bug` names a deliberate fault for demos and tests."""
+    """How the model is parallelised; `planted_bug` names a deliberate fault for demos and tests.
+
+    Style "megatron" uses Scalify's Megatron-style rank models; style "dtensor" applies
+    `dtensor_plan` to the HuggingFace model with torch's `parallelize_module` (its logits follow
+    the plan's lm_head entry, so `logits` is not used).
+    """
 
     style: str = "megatron"
     tensor_parallel: int = 1
     logits: str = "gathered"
     planted_bug: str | None = None
+    dtensor_plan: DTensorPlan | None = None
 
 
 @dataclass(frozen=True)
@@ -250,12 +257,34 @@ def _choice(*options: str) -> Checker:
     return check
 
 
+def _dtensor_plan(value: Any, where: _Where) -> DTensorPlan:
+    try:
+        return parse_plan(value)
+    except PlanError as error:
+        for key in error.path:
+            where = where.child(key)
+        raise where.error(error.problem) from None
+
+
+def _check_plan_style(plan: PlanSpec, fields: Located, where: _Where) -> None:
+    """The fields a plan needs, or must not have, for its style."""
+    if plan.style == "dtensor" and plan.dtensor_plan is None:
+        raise where.child("dtensor_plan").error(
+            "missing required key for style dtensor ('hf' or a mapping from module glob to style)")
+    if plan.style != "dtensor" and "dtensor_plan" in fields:
+        raise fields["dtensor_plan"][1].error(f"only used with style dtensor, not {plan.style!r}")
+    if plan.style == "dtensor" and "logits" in fields:
+        raise fields["logits"][1].error("not used with style dtensor: the dtensor_plan's lm_head "
+                                        "entry decides whether logits are gathered")
+
+
 _SCHEMAS: dict[type, dict[str, Checker]] = {
     PlanSpec: {
         "style": _choice(*PLAN_STYLES),
         "tensor_parallel": _positive_int,
         "logits": _choice(*LOGITS_MODES),
         "planted_bug": _optional_text,
+        "dtensor_plan": _dtensor_plan,
     },
     HardwareSpec: {"name": _text, "target": _choice(*HARDWARE_TARGETS), "devices": _positive_int},
     InputSpec: {"batch": _positive_int, "seq": _positive_int},
@@ -370,6 +399,7 @@ def load_experiment(source: str | os.PathLike | dict) -> Experiment:
 
     model = _model_spec(*sections["model"], overrides["model"])
     plan = _build(PlanSpec, *sections["plan"])
+    _check_plan_style(plan, *sections["plan"])
     hardware = _build(HardwareSpec, *sections["hardware"])
     if hardware.devices != plan.tensor_parallel:
         raise sections["hardware"][0]["devices"][1].error(

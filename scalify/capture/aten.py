@@ -127,6 +127,12 @@ def _binary(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> R
     return _no_scalar_form(name)
 
 
+@lowering("__or__", "__and__")
+def _python_bitwise(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    """`a | b` and `a & b` on tensors (DTensor's vocab masks use them)."""
+    return _binary(b, "bitwise_or" if name == "__or__" else "bitwise_and", args, kwargs, out)
+
+
 def _no_scalar_form(name: str) -> Any:
     raise CaptureError(f"aten.{name} with a Python scalar in this position is not supported")
 
@@ -154,6 +160,22 @@ def _masked_fill(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any)
     shape = _out_shape(out)
     return b.emit("masked_fill", [b.broadcast(x, shape), b.broadcast(mask, shape)],
                   value=_scalar(value))
+
+
+@lowering("index_put")
+def _index_put(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    """`x[mask] = scalar` with one boolean mask over x's leading dims (DTensor's MaskPartial)."""
+    x, indices, values = args[:3]
+    accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
+    source = b.graph[values.name] if isinstance(values, Ref) and values.shape == () else None
+    value = source and (source.attr("value") if source.op == "full" else source.attr("values", [None])[0])
+    if (accumulate or len(indices) != 1 or not isinstance(indices[0], Ref)
+            or indices[0].dtype != "bool" or value is None):
+        raise CaptureError("aten.index_put is supported only as x[boolean mask] = constant")
+    mask = indices[0]
+    while len(mask.shape) < len(x.shape):
+        mask = b.emit("unsqueeze", [mask], dim=len(mask.shape))
+    return b.emit("masked_fill", [x, b.broadcast(mask, x.shape)], value=_scalar(value))
 
 
 # Reductions and normalisations.

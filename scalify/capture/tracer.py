@@ -2,7 +2,8 @@
 
 Each op gets a cheap source location (the innermost frame outside torch and this package, and
 the module path from forward hooks). Functional collectives are recorded with their group
-resolved to global ranks, so rank graphs can be merged later.
+resolved to global ranks, so rank graphs can be merged later. Ops on DTensors are left to
+DTensor, and its local ops are recorded (see dtensor.py): a rank's graph is its local program.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from ..errors import CaptureError
 from ..ir.graph import Graph, SourceLoc
 from .aten import lower
 from .builder import GraphBuilder, Ref
+from .dtensor import has_dtensor, local_tensor, sharding_propagation_unrecorded
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _CAPTURE_DIR = os.path.dirname(__file__)
@@ -106,6 +108,8 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        if has_dtensor(args, kwargs):
+            return NotImplemented  # DTensor runs it; its local ops come back here
         try:
             out = func(*args, **kwargs)
         except RuntimeError as error:
@@ -155,17 +159,18 @@ def capture(module: torch.nn.Module, call: Callable[[], Any], inputs: dict[str, 
     leaves += [("buffer", n, t) for n, t in module.named_buffers()]
     leaves += [("input", n, t) for n, t in inputs.items()]
     for kind, name, tensor in leaves:
+        tensor = local_tensor(tensor)
         dtype = str(tensor.dtype).removeprefix("torch.")
         node_name = builder.emit_placeholder(name, kind, tuple(tensor.shape), dtype)
         recorder.bind(tensor, node_name)
     hooks = [register_module_forward_pre_hook(sources.enter), register_module_forward_hook(sources.leave)]
     try:
-        with torch.no_grad(), recorder:
+        with torch.no_grad(), sharding_propagation_unrecorded(), recorder:
             result = call()
     finally:
         for hook in hooks:
             hook.remove()
     outputs = result if isinstance(result, (tuple, list)) else [result]
     graph = builder.graph
-    graph.outputs = [recorder.ref(t).name for t in outputs]
+    graph.outputs = [recorder.ref(local_tensor(t)).name for t in outputs]
     return graph.pruned()

@@ -166,6 +166,8 @@ def _movement() -> list[Rule]:
              "(rcat (concat x y k ma mb) d s)", interchange, when=("(!= d k)",)),
         Rule("rcat-of-own-blocks", "(rcat (rslice t d s) d s)", "t", gathered_block,
              when=("(inv t)",)),
+        Rule("whole-from-own-blocks", "t", "(rcat (rslice t d s) d s)", gathered_block,
+             when=("(inv t)",), trigger="(rslice t d s)"),
         *(summed(op, attrs, shape, **example) for op, attrs, shape, example in MOVEMENT_OPS),
     ]
 

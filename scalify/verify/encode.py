@@ -78,4 +78,5 @@ def _family_collective(node: Node, arg: str, arg_shape: tuple[int, ...]) -> str:
     if node.op == "all_gather":
         dim = node.attr("dim", 0)
         return f"(rcat {arg} {dim} {arg_shape[dim]})"
-    return f"(rslice (rsum {arg}) 0 {node.shape[0]})"  # reduce_scatter
+    dim = node.attr("dim", 0)  # reduce_scatter
+    return f"(rslice (rsum {arg}) {dim} {node.shape[dim]})"

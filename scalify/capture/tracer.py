@@ -62,6 +62,19 @@ class SourceTracker:
         return SourceLoc(filename, line, code, module, _callers(frame.f_back))
 
 
+    def failure(self, error: BaseException) -> str:
+        """The module being run and the innermost user line of `error`'s traceback."""
+        line = ""
+        trace = error.__traceback__
+        while trace is not None:
+            filename = trace.tb_frame.f_code.co_filename
+            if not (filename.startswith(_TORCH_DIR) or filename.startswith(_CAPTURE_DIR)
+                    or filename.startswith("<")):
+                line = f" at {filename}:{trace.tb_lineno}"
+            trace = trace.tb_next
+        return f"{self.stack[-1] if self.stack else 'the model'}{line}"
+
+
 def _callers(frame: Any, count: int = 3) -> tuple[str, ...]:
     """`file:line` of the next few user frames outward (helpers hide their call sites)."""
     found: list[str] = []
@@ -167,6 +180,8 @@ def capture(module: torch.nn.Module, call: Callable[[], Any], inputs: dict[str, 
     try:
         with torch.no_grad(), sharding_propagation_unrecorded(), recorder:
             result = call()
+    except RuntimeError as error:  # raised outside the recorder's own calls, e.g. by DTensor
+        raise CaptureError(f"{sources.failure(error)}: {str(error).splitlines()[0]}") from None
     finally:
         for hook in hooks:
             hook.remove()

@@ -90,26 +90,16 @@ def verify(config: str | os.PathLike | dict | Experiment, *, numeric: bool | Non
     """Verify the experiment a YAML file (or dict, or loaded Experiment) describes, on `executor`
     (default: the one its `engine` section asks for)."""
     from .models import build_reference, example_inputs, make_hf_config
-    from .parallel import build_rank_model, param_placements
 
     experiment = config if isinstance(config, Experiment) else load_experiment(config)
     model, plan = experiment.model, experiment.plan
     hf_config = make_hf_config(model.family, model.config)
     reference = build_reference(model.family, hf_config)
     world = experiment.world_size()
-    if plan.style == "dtensor":
-        from .parallel.dtensor import dtensor_subject
-
-        subject = dtensor_subject(model.family, hf_config, plan.dtensor_plan, world, plan.planted_bug)
-        rank_factory, placements, logits = subject.rank_factory, subject.param_placements, subject.logits
-    else:
-        placements = param_placements(model.family, hf_config, world, planted_bug=plan.planted_bug)
-        logits = Replicate() if plan.logits == "gathered" else Shard(-1)
-        rank_factory = lambda rank: build_rank_model(  # noqa: E731
-            model.family, hf_config, rank, world, logits=plan.logits, planted_bug=plan.planted_bug)
+    rank_factory, placements, logits = _ranks(experiment, hf_config)
     report = verify_modules(
-        _LogitsOnly(reference), rank_factory, world, example_inputs(model.family, experiment.inputs.batch, experiment.inputs.seq),
-        placements, output_placements=[logits],
+        _LogitsOnly(reference), rank_factory, world,
+        example_inputs(model.family, experiment.inputs.batch, experiment.inputs.seq), placements, output_placements=[logits],
         numeric=experiment.verify.numeric if numeric is None else numeric, name=experiment.name,
         progress=progress, capture_workers=os.cpu_count() or 1,
         options=VerifyOptions(window_depth=experiment.verify.window_depth,
@@ -122,6 +112,26 @@ def verify(config: str | os.PathLike | dict | Experiment, *, numeric: bool | Non
 
         report.stats["mlflow_run_id"] = log_run(report, experiment.tracking)
     return report
+
+
+def _ranks(experiment: Experiment, hf_config: Any) -> tuple[Callable[[int], nn.Module],
+                                                             dict[str, Placement], Placement]:
+    """The rank factory, parameter placements and logits placement of the experiment's plan."""
+    model, plan, world = experiment.model, experiment.plan, experiment.world_size()
+    if plan.style == "dtensor":
+        from .parallel.dtensor import dtensor_subject
+
+        subject = dtensor_subject(model.family, hf_config, plan.dtensor_plan, world, plan.planted_bug)
+        return (lambda rank: _LogitsOnly(subject.rank_factory(rank)), subject.param_placements,
+                subject.logits)
+    from .parallel import build_rank_model, param_placements
+
+    def rank_factory(rank: int) -> nn.Module:
+        return build_rank_model(model.family, hf_config, rank, world, logits=plan.logits,
+                                planted_bug=plan.planted_bug)
+
+    placements = param_placements(model.family, hf_config, world, planted_bug=plan.planted_bug)
+    return rank_factory, placements, Replicate() if plan.logits == "gathered" else Shard(-1)
 
 
 class _LogitsOnly(nn.Module):

@@ -193,7 +193,7 @@ X = "configs/experiments/x.yaml"
         ),
         (
             MINIMAL + "overrides: {plan.tp: 2}\n",
-            f"{X}: overrides.plan.tp: unknown key (expected one of: logits, planted_bug, style, tensor_parallel)",
+            f"{X}: overrides.plan.tp: unknown key (expected one of: dtensor_plan, logits, planted_bug, style, tensor_parallel)",
         ),
         (
             MINIMAL + "overrides: {layers: 2}\n",

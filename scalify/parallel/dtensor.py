@@ -63,15 +63,12 @@ def torch_style(spec: StyleSpec) -> ParallelStyle:
 
 
 def hf_plan(model: nn.Module) -> dict[str, StyleSpec]:
-    """HuggingFace's own plan: the config's `base_model_tp_plan` under the base model's prefix,
-    plus the causal-LM class's `_tp_plan` (its lm_head entry)."""
-    base = getattr(model.config, "base_model_tp_plan", None) or {}
-    if not base:
-        raise ConfigError(f"{type(model).__name__} has no base_model_tp_plan in its config: "
+    """HuggingFace's own plan: the model's `_tp_plan`, which HF fills from the class's entries
+    (lm_head) and the config's `base_model_tp_plan` (under the base model's prefix)."""
+    entries = getattr(model, "_tp_plan", None) or {}
+    if not entries:
+        raise ConfigError(f"{type(model).__name__} has no HuggingFace tensor-parallel plan: "
                           "write the dtensor_plan as a mapping")
-    prefix = f"{model.base_model_prefix}."
-    entries = {prefix + glob: name for glob, name in base.items()}
-    entries |= getattr(model, "_tp_plan", None) or {}
     unknown = sorted({name for name in entries.values() if name not in HF_STYLES})
     if unknown:
         raise ConfigError(f"HuggingFace plan styles {unknown} have no DTensor equivalent here "
@@ -108,36 +105,16 @@ def logits_placement(entries: dict[str, StyleSpec]) -> Placement:
     return layout if isinstance(layout, Shard) else Replicate()
 
 
-class LogitsOnly(nn.Module):
-    """A HuggingFace causal LM whose forward returns just the logits (names as the model's)."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def named_parameters(self, *args, **kwargs):  # keep HF names (no "model." prefix)
-        return self.model.named_parameters(*args, **kwargs)
-
-    def named_buffers(self, *args, **kwargs):
-        return self.model.named_buffers(*args, **kwargs)
-
-    def named_modules(self, *args, **kwargs):
-        return self.model.named_modules(*args, **kwargs)
-
-    def forward(self, **inputs):
-        return self.model(**inputs, use_cache=False).logits
-
-
 def build_dtensor_rank(family: str, hf_config: PretrainedConfig, plan: DTensorPlan, world_size: int,
                        planted_bug: str | None = None) -> nn.Module:
-    """This rank's model (call inside its process group): the HF model, parallelised on meta."""
+    """This rank's HF model on meta, parallelised (call inside the rank's process group)."""
     model = build_reference(family, hf_config)
     entries = model_plan(model, plan)
     if planted_bug is not None:
         entries = plant(planted_bug, model, entries)
     mesh = init_device_mesh("cpu", (world_size,))
     parallelize_module(model, mesh, {glob: torch_style(spec) for glob, spec in entries.items()})
-    return LogitsOnly(model)
+    return model
 
 
 def dtensor_placements(model: nn.Module) -> dict[str, Placement]:
@@ -156,7 +133,8 @@ def dtensor_placements(model: nn.Module) -> dict[str, Placement]:
 
 @dataclass(frozen=True)
 class DTensorSubject:
-    """What verification needs of a DTensor-parallel model: ranks, placements, logits placement."""
+    """What verification needs of a DTensor-parallel model: each rank's HF model, the
+    parameters' placements (by HF name) and the logits' placement."""
 
     rank_factory: Callable[[int], nn.Module]
     param_placements: dict[str, Placement]
@@ -173,9 +151,10 @@ def dtensor_subject(family: str, hf_config: PretrainedConfig, plan: DTensorPlan,
     def rank_factory(rank: int) -> nn.Module:
         return build_dtensor_rank(family, hf_config, plan, world_size, planted_bug)
 
+    model = build_reference(family, hf_config)
+    logits = logits_placement(model_plan(model, plan))
     with fake_process_group(0, world_size):
         placements = dtensor_placements(rank_factory(0))
-    entries = model_plan(build_reference(family, hf_config), plan)
-    return DTensorSubject(rank_factory, placements, logits_placement(entries))
+    return DTensorSubject(rank_factory, placements, logits)
 
 

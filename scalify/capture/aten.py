@@ -361,8 +361,31 @@ def _all_gather(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) 
 
 @lowering("reduce_scatter_tensor")
 def _reduce_scatter(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
-    return b.emit("reduce_scatter", [args[0]], shape=_out_shape(out), reduce=args[1],
-                  group=args[3])
+    source, dim = _scattered_along(b, args[0], len(args[3]))
+    attrs = {"dim": dim} if dim else {}
+    return b.emit("reduce_scatter", [source], shape=_out_shape(out), reduce=args[1],
+                  group=args[3], **attrs)
+
+
+def _scattered_along(b: GraphBuilder, ref: Ref, world: int) -> tuple[Ref, int]:
+    """`(x, e)` when `ref` stacks the `world` equal blocks of x along dim e on dim 0 (how
+    functional collectives reduce-scatter along e), else `(ref, 0)`."""
+    pieces, stack = [], [ref.name]
+    while stack:
+        node = b.graph[stack.pop()]
+        if node.op == "concat" and node.attr("dim") == 0 and len(pieces) < world:
+            stack.extend(reversed(node.inputs))
+        else:
+            pieces.append(node)
+    if len(pieces) != world or any(p.op != "slice" or p.inputs != pieces[0].inputs for p in pieces):
+        return ref, 0
+    dim = pieces[0].attr("dim")
+    rows = pieces[0].shape[dim]
+    if [(p.attr("dim"), p.attr("start"), p.attr("end")) for p in pieces] != \
+            [(dim, k * rows, (k + 1) * rows) for k in range(world)]:
+        return ref, 0
+    source = b.graph[pieces[0].inputs[0]]
+    return Ref(source.name, source.shape, source.dtype), dim
 
 
 def lower(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:

@@ -50,7 +50,7 @@ def symbolic_program(graphs: list[Graph]) -> tuple[DistributedGraph | None, str]
             return None, why
         nodes.append(symbolic)
     graph = Graph(outputs=[qualified(0, o) for o in first.outputs])
-    for node in _scatter_along(_gather_along(nodes, world), world):
+    for node in _gather_along(nodes, world):
         graph.add(node)
     order = {node.name: (0, i) for i, node in enumerate(graph.nodes)}
     return DistributedGraph(graph, world, [list(graph.outputs)], order, symbolic=True), "used"
@@ -147,46 +147,3 @@ def _gather_along(nodes: list[Node], world: int) -> list[Node]:
         dropped.update([node.name, *(b.name for b in blocks), *inner])
     return [folded.get(node.name, node) for node in nodes if node.name not in dropped]
 
-
-
-def _scatter_along(nodes: list[Node], world: int) -> list[Node]:
-    """Fold one slice per rank block along dim e + concats along dim 0 + `reduce_scatter` (dim 0)
-    into one family reduce-scatter along e (how functional collectives scatter along other dims)."""
-    by_name = {node.name: node for node in nodes}
-    users: dict[str, list[str]] = {}
-    for node in nodes:
-        for name in node.inputs:
-            users.setdefault(name, []).append(node.name)
-    folded: dict[str, Node] = {}
-    dropped: set[str] = set()
-    for node in nodes:
-        if node.op != "reduce_scatter" or node.attr("dim") is not None:
-            continue
-        concats, blocks = [], []
-        _concat_leaves(by_name, users, node.inputs[0], concats, blocks)
-        pieces = [by_name[name] for name in blocks]
-        if len(pieces) != world or not concats or any(
-                piece.op != "slice" or piece.inputs != pieces[0].inputs or len(users[piece.name]) != 1
-                for piece in pieces):
-            continue
-        dim, rows = pieces[0].attr("dim"), pieces[0].shape[pieces[0].attr("dim")]
-        if [(p.attr("dim"), p.attr("start"), p.attr("end")) for p in pieces] != \
-                [(dim, k * rows, (k + 1) * rows) for k in range(world)] or \
-                node.shape != pieces[0].shape:
-            continue
-        folded[node.name] = replace(node, inputs=pieces[0].inputs,
-                                    attrs=node.attrs + (("dim", dim),))
-        dropped.update(concats + blocks)
-    return [folded.get(node.name, node) for node in nodes if node.name not in dropped]
-
-
-def _concat_leaves(by_name: dict[str, Node], users: dict[str, list[str]], name: str,
-                   concats: list[str], leaves: list[str]) -> None:
-    """The operands of a chain of dim-0 concats used only inside the chain, left to right."""
-    node = by_name[name]
-    if node.op == "concat" and node.attr("dim") == 0 and len(users[name]) == 1:
-        concats.append(name)
-        for operand in node.inputs:
-            _concat_leaves(by_name, users, operand, concats, leaves)
-    else:
-        leaves.append(name)

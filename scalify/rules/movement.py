@@ -126,6 +126,11 @@ def rules() -> list[Rule]:
         Rule("slice-concat-straddle", "(slice (concat a b d na nb) d s e)",
              "(concat (slice a d s na) (slice b d 0 (- e na)) d (- na s) (- e na))",
              _parts(1, 3, s=1, e=5), when=("(< s na)", "(> e na)")),
+        Rule("partial-sum-from-slices", "(slice (psum a b) d s n)",
+             "(concat (slice (psum a b) d s e) (slice (psum a b) d e n) d (- e s) (- n e))",
+             lambda gen, c: {"a": tensor(gen, *SHAPE), "b": tensor(gen, *SHAPE), "d": 1, "s": 0,
+                             "e": 2, "n": SHAPE[1]},
+             when=("(= n (dimsize a d))", "(< e n)"), trigger="(slice (psum a b) d s e)"),
         Rule("slice-whole", "(slice x d 0 n)", "x",
              lambda gen, c: {"x": tensor(gen, *SHAPE), "d": 1, "n": SHAPE[1]},
              when=("(= (dimsize x d) n)",)),
@@ -170,10 +175,11 @@ def rules() -> list[Rule]:
     ]
 
 
-# Shape facts the size-dependent rules read: a concat's parts have the sizes it records, and an
-# unsqueezed dim has size 1.
+# Shape facts the size-dependent rules read: a concat's parts have the sizes it records, an
+# unsqueezed dim has size 1, and a partial sum has its parts' sizes.
 FACT_RULES = (
     "(rule ((= t (concat a b d na nb))) "
     "((set (dimsize a d) na) (set (dimsize b d) nb) (set (dimsize t d) (+ na nb))) :ruleset lemmas)",
     "(rule ((= t (unsqueeze x d))) ((set (dimsize t d) 1)) :ruleset lemmas)",
+    "(rule ((= t (psum a b)) (= n (dimsize a d))) ((set (dimsize t d) n)) :ruleset lemmas)",
 )

@@ -64,9 +64,10 @@ def encode(node: Node, args: list[str], arg_shapes: list[tuple[int, ...]]) -> st
     if op == "all_gather":
         return concat_terms(args, [s[0] for s in arg_shapes], 0)
     if op == "reduce_scatter":
-        size = node.shape[0]
+        dim = attrs.get("dim", 0)
+        size = node.shape[dim]
         start = attrs["index"] * size
-        return f"(slice {nest('psum', args)} 0 {start} {start + size})"
+        return f"(slice {nest('psum', args)} {dim} {start} {start + size})"
     key = render(op_key(op, _attrs(node, "shape")))
     return f"(opaque{len(args)} {key} {' '.join(args)})"
 

@@ -31,8 +31,9 @@ def _value(node: Node, inputs: list[torch.Tensor]) -> torch.Tensor:
         return torch.cat(inputs, 0)
     if node.op == "reduce_scatter":
         total = torch.stack(inputs).sum(0)
-        size = node.shape[0]
-        return total[attrs["index"] * size:(attrs["index"] + 1) * size]
+        dim = attrs.get("dim", 0)
+        size = node.shape[dim]
+        return total.narrow(dim, attrs["index"] * size, size)
     return OPS[node.op].run(inputs, attrs)
 
 

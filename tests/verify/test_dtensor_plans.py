@@ -27,13 +27,14 @@ def experiment(plan, tp: int = 2, *, bug: str | None = None, rank_symmetry: bool
             "verify": {"rank_symmetry": rank_symmetry}}
 
 
-CORRECT = [("hf", 2, True), ("hf", 2, False), ("hf", 4, True), (VOCAB_PARALLEL, 2, True),
-           (SEQUENCE_PARALLEL, 2, True)]
+CORRECT = {"hf-tp2": ("hf", 2, True), "hf-tp2-per-rank": ("hf", 2, False), "hf-tp4": ("hf", 4, True),
+           "vocab-parallel-tp2": (VOCAB_PARALLEL, 2, True),
+           "sequence-parallel-tp2": (SEQUENCE_PARALLEL, 2, True),
+           "sequence-parallel-tp2-per-rank": (SEQUENCE_PARALLEL, 2, False),
+           "sequence-parallel-tp4": (SEQUENCE_PARALLEL, 4, True)}
 
 
-@pytest.mark.parametrize("plan,tp,symmetry", CORRECT,
-                         ids=["hf-tp2", "hf-tp2-per-rank", "hf-tp4", "vocab-parallel-tp2",
-                              "sequence-parallel-tp2"])
+@pytest.mark.parametrize("plan,tp,symmetry", CORRECT.values(), ids=CORRECT.keys())
 def test_correct_dtensor_plan_verifies_and_the_numbers_agree(plan, tp, symmetry):
     report = scalify.verify(experiment(plan, tp, rank_symmetry=symmetry), numeric=True)
     assert report.verdict == "verified", [d.hint for d in report.discrepancies]

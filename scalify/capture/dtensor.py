@@ -8,21 +8,19 @@ Sharding propagation runs ops on fake tensors of global shape: they are kept out
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._sharding_prop import ShardingPropagator
 from torch.utils._python_dispatch import _disable_current_modes
-from torch.utils._pytree import tree_flatten
 
 _PROPAGATE_META = ShardingPropagator._propagate_tensor_meta_non_cached
 
 
-def has_dtensor(*values: Any) -> bool:
-    """Whether any (nested) value is a DTensor."""
-    flat, _ = tree_flatten(values)
-    return any(isinstance(value, DTensor) for value in flat)
+def has_dtensor(types: Iterable[type]) -> bool:
+    """Whether a dispatched op's tensor-subclass `types` include DTensor."""
+    return any(issubclass(kind, DTensor) for kind in types)
 
 
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:

@@ -61,7 +61,6 @@ class SourceTracker:
         filename, line, code = self._lines[key]
         return SourceLoc(filename, line, code, module, _callers(frame.f_back))
 
-
     def failure(self, error: BaseException) -> str:
         """The module being run and the innermost user line of `error`'s traceback."""
         line = ""
@@ -121,7 +120,7 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if has_dtensor(args, kwargs):
+        if has_dtensor(types):
             return NotImplemented  # DTensor runs it; its local ops come back here
         try:
             out = func(*args, **kwargs)

@@ -3,6 +3,8 @@
 Rank tensors are `(dist "name")` leaves; `concat`, `psum`, `pmax` and `slice` are the
 relational (data-movement and reduction) constructors and are cheap for extraction; every
 computational constructor is expensive, so a term that still contains one means "no relation".
+A partial sum costs more than a concatenation, so where a collective has realised the reduced
+value (a reduce-scatter's shards) extraction names it rather than the ranks' partial terms.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test browser bench clean
+.PHONY: venv demo test matrix browser bench clean
 
 venv: $(STAMP)
 
@@ -18,6 +18,10 @@ demo: venv
 
 test: venv
 	$(VENV)/bin/python -m pytest
+
+# Every parallelism x forward/backward cell, verified or caught, printed as a table.
+matrix: venv
+	$(VENV)/bin/python -m scalify.matrix
 
 # Debian's Chromium, for tests/report/test_html_browser.py; does nothing when it is installed.
 browser:

@@ -12,12 +12,13 @@ from typing import Any, Callable
 
 import yaml
 
+from scalify.dtensor_plan import DTensorPlan, PlanError, parse_plan
 from scalify.errors import ConfigError
 from scalify.models.presets import PRESETS
 
 MAX_FILE_BYTES = 1 << 20
 REPO_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
-PLAN_STYLES = ("megatron",)
+PLAN_STYLES = ("megatron", "dtensor")
 LOGITS_MODES = ("gathered", "vocab_parallel")
 HARDWARE_TARGETS = ("gpu", "neuron")
 ENGINE_KINDS = ("auto", "inline", "ray")
@@ -35,7 +36,12 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class PlanSpec:
-    """How the model is parallelised; `planted_bug` names a deliberate fault for demos and tests."""
+    """How the model is parallelised; `planted_bug` names a deliberate fault for demos and tests.
+
+    Style "megatron" uses Scalify's Megatron-style rank models; style "dtensor" applies
+    `dtensor_plan` to the HuggingFace model with torch's `parallelize_module` (its logits follow
+    the plan's lm_head entry, so `logits` is not used).
+    """
 
     style: str = "megatron"
     tensor_parallel: int = 1
@@ -45,6 +51,7 @@ class PlanSpec:
     zero_stage: int = 0
     logits: str = "gathered"
     planted_bug: str | None = None
+    dtensor_plan: DTensorPlan | None = None
 
 
 @dataclass(frozen=True)
@@ -265,6 +272,28 @@ def _int_choice(*options: int) -> Checker:
         return value
 
     return check
+def _dtensor_plan(value: Any, where: _Where) -> DTensorPlan:
+    try:
+        return parse_plan(value)
+    except PlanError as error:
+        for key in error.path:
+            where = where.child(key)
+        raise where.error(error.problem) from None
+
+
+def _check_plan_style(plan: PlanSpec, fields: Located, where: _Where) -> None:
+    """The fields a plan needs, or must not have, for its style."""
+    if plan.style == "dtensor" and plan.dtensor_plan is None:
+        raise where.child("dtensor_plan").error(
+            "missing required key for style dtensor ('hf' or a mapping from module glob to style)")
+    if plan.style != "dtensor" and "dtensor_plan" in fields:
+        raise fields["dtensor_plan"][1].error(f"only used with style dtensor, not {plan.style!r}")
+    if plan.style == "dtensor" and "sequence_parallel" in fields:
+        raise fields["sequence_parallel"][1].error("not used with style dtensor: give the norms "
+                                                   "SequenceParallel styles in the dtensor_plan")
+    if plan.style == "dtensor" and "logits" in fields:
+        raise fields["logits"][1].error("not used with style dtensor: the dtensor_plan's lm_head "
+                                        "entry decides whether logits are gathered")
 
 
 _SCHEMAS: dict[type, dict[str, Checker]] = {
@@ -277,6 +306,7 @@ _SCHEMAS: dict[type, dict[str, Checker]] = {
         "zero_stage": _int_choice(0, 1, 2),
         "logits": _choice(*LOGITS_MODES),
         "planted_bug": _optional_text,
+        "dtensor_plan": _dtensor_plan,
     },
     HardwareSpec: {"name": _text, "target": _choice(*HARDWARE_TARGETS), "devices": _positive_int},
     InputSpec: {"batch": _positive_int, "seq": _positive_int},
@@ -391,6 +421,7 @@ def load_experiment(source: str | os.PathLike | dict) -> Experiment:
 
     model = _model_spec(*sections["model"], overrides["model"])
     plan = _build(PlanSpec, *sections["plan"])
+    _check_plan_style(plan, *sections["plan"])
     hardware = _build(HardwareSpec, *sections["hardware"])
     world = plan.tensor_parallel * plan.data_parallel
     if plan.tensor_parallel > 1 and plan.data_parallel > 1:

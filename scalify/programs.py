@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from .config import Experiment
+from .errors import ConfigError
 from .placements import Placement, Replicate, Shard
 from .steps import Step, hf_logits, hf_loss, training_step
 
@@ -41,8 +42,23 @@ def programs_for(experiment: Experiment) -> Programs:
     names = [name for name, _ in reference.named_parameters()]
     # Models stay in eval mode: a training step is verified with dropout off.
     reference_step = Step(reference, training_step(hf_loss, names) if backward else hf_logits)
-    build = _data_parallel if experiment.plan.data_parallel > 1 else _tensor_parallel
+    build = (_dtensor if experiment.plan.style == "dtensor" else
+             _data_parallel if experiment.plan.data_parallel > 1 else _tensor_parallel)
     return build(experiment, hf_config, reference_step, inputs, names)
+
+
+def _dtensor(experiment: Experiment, hf_config, reference_step: Step,
+             inputs: dict[str, torch.Tensor], names: list[str]) -> Programs:
+    from .parallel.dtensor import dtensor_subject
+
+    plan, world = experiment.plan, experiment.world_size()
+    if experiment.verify.backward:
+        raise ConfigError("verify.backward is not supported for dtensor plans yet: verify the "
+                          "forward, or the same plan in Megatron style")
+    subject = dtensor_subject(experiment.model.family, hf_config, plan.dtensor_plan, world,
+                              plan.planted_bug)
+    return Programs(reference_step, lambda rank: Step(subject.rank_factory(rank), hf_logits),
+                    inputs, subject.param_placements, [subject.logits])
 
 
 def _tensor_parallel(experiment: Experiment, hf_config, reference_step: Step,

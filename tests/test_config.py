@@ -193,7 +193,9 @@ X = "configs/experiments/x.yaml"
         ),
         (
             MINIMAL + "overrides: {plan.tp: 2}\n",
-            f"{X}: overrides.plan.tp: unknown key (expected one of: data_parallel, logits, micro_batches, planted_bug, sequence_parallel, style, tensor_parallel, zero_stage)",
+            f"{X}: overrides.plan.tp: unknown key (expected one of: data_parallel, dtensor_plan, "
+            "logits, micro_batches, planted_bug, sequence_parallel, style, tensor_parallel, "
+            "zero_stage)",
         ),
         (
             MINIMAL + "overrides: {layers: 2}\n",

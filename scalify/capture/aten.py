@@ -134,6 +134,12 @@ def _binary(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> R
     return _no_scalar_form(name)
 
 
+@lowering("__or__", "__and__")
+def _python_bitwise(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    """`a | b` and `a & b` on tensors (DTensor's vocab masks use them)."""
+    return _binary(b, "bitwise_or" if name == "__or__" else "bitwise_and", args, kwargs, out)
+
+
 def _no_scalar_form(name: str) -> Any:
     raise CaptureError(f"aten.{name} with a Python scalar in this position is not supported")
 
@@ -162,6 +168,22 @@ def _masked_fill(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any)
     if out.dtype.is_floating_point:  # one spelling per value: 0 and 0.0 fill a float alike
         value = float(value)
     return b.emit("masked_fill", [b.broadcast(x, shape), b.broadcast(mask, shape)], value=value)
+
+
+@lowering("index_put")
+def _index_put(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    """`x[mask] = scalar` with one boolean mask over x's leading dims (DTensor's MaskPartial)."""
+    x, indices, values = args[:3]
+    accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
+    source = b.graph[values.name] if isinstance(values, Ref) and values.shape == () else None
+    value = source and (source.attr("value") if source.op == "full" else source.attr("values", [None])[0])
+    if (accumulate or len(indices) != 1 or not isinstance(indices[0], Ref)
+            or indices[0].dtype != "bool" or value is None):
+        raise CaptureError("aten.index_put is supported only as x[boolean mask] = constant")
+    mask = indices[0]
+    while len(mask.shape) < len(x.shape):
+        mask = b.emit("unsqueeze", [mask], dim=len(mask.shape))
+    return b.emit("masked_fill", [x, b.broadcast(mask, x.shape)], value=_scalar(value))
 
 
 # Reductions and normalisations.
@@ -482,8 +504,31 @@ def _all_gather(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) 
 
 @lowering("reduce_scatter_tensor")
 def _reduce_scatter(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
-    return b.emit("reduce_scatter", [args[0]], shape=_out_shape(out), reduce=args[1],
-                  group=args[3])
+    source, dim = _scattered_along(b, args[0], len(args[3]))
+    attrs = {"dim": dim} if dim else {}
+    return b.emit("reduce_scatter", [source], shape=_out_shape(out), reduce=args[1],
+                  group=args[3], **attrs)
+
+
+def _scattered_along(b: GraphBuilder, ref: Ref, world: int) -> tuple[Ref, int]:
+    """`(x, e)` when `ref` stacks the `world` equal blocks of x along dim e on dim 0 (how
+    functional collectives reduce-scatter along e), else `(ref, 0)`."""
+    pieces, stack = [], [ref.name]
+    while stack:
+        node = b.graph[stack.pop()]
+        if node.op == "concat" and node.attr("dim") == 0 and len(pieces) < world:
+            stack.extend(reversed(node.inputs))
+        else:
+            pieces.append(node)
+    if len(pieces) != world or any(p.op != "slice" or p.inputs != pieces[0].inputs for p in pieces):
+        return ref, 0
+    dim = pieces[0].attr("dim")
+    rows = pieces[0].shape[dim]
+    if [(p.attr("dim"), p.attr("start"), p.attr("end")) for p in pieces] != \
+            [(dim, k * rows, (k + 1) * rows) for k in range(world)]:
+        return ref, 0
+    source = b.graph[pieces[0].inputs[0]]
+    return Ref(source.name, source.shape, source.dtype), dim
 
 
 def lower(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:

@@ -12,6 +12,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from ..errors import CaptureError
 from ..ir.graph import Graph
+from .dtensor import clear_sharding_caches
 from .tracer import capture
 
 RankModuleFactory = Callable[[int], torch.nn.Module]
@@ -40,6 +41,7 @@ def capture_rank(factory: RankModuleFactory, rank: int, world_size: int,
                  grad: bool = False) -> Graph:
     """Build rank `rank`'s module inside its fake process group and capture one call (with
     autograd on when `grad`)."""
+    clear_sharding_caches()
     with fake_process_group(rank, world_size):
         module = factory(rank)
         return capture(module, lambda: call(module, inputs), inputs, _group_ranks, grad)

@@ -2,7 +2,8 @@
 
 Each op gets a cheap source location (the innermost frame outside torch and this package, and
 the module path from forward hooks). Functional collectives are recorded with their group
-resolved to global ranks, so rank graphs can be merged later.
+resolved to global ranks, so rank graphs can be merged later. Ops on DTensors are left to
+DTensor, and its local ops are recorded (see dtensor.py): a rank's graph is its local program.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from ..errors import CaptureError
 from ..ir.graph import Graph, SourceLoc
 from .aten import lower
 from .builder import GraphBuilder, Ref
+from .dtensor import has_dtensor, local_tensor, sharding_propagation_unrecorded
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _CAPTURE_DIR = os.path.dirname(__file__)
@@ -98,6 +100,18 @@ class SourceTracker:
         filename, line, code = self._lines[key]
         return SourceLoc(filename, line, code, module, _callers(frame.f_back)), in_engine
 
+    def failure(self, error: BaseException) -> str:
+        """The module being run and the innermost user line of `error`'s traceback."""
+        line = ""
+        trace = error.__traceback__
+        while trace is not None:
+            filename = trace.tb_frame.f_code.co_filename
+            if not (filename.startswith(_TORCH_DIR) or filename.startswith(_CAPTURE_DIR)
+                    or filename.startswith("<")):
+                line = f" at {filename}:{trace.tb_lineno}"
+            trace = trace.tb_next
+        return f"{self.stack[-1] if self.stack else 'the model'}{line}"
+
 
 def _callers(frame: Any, count: int = 3) -> tuple[str, ...]:
     """`file:line` of the next few user frames outward (helpers hide their call sites)."""
@@ -145,6 +159,8 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        if has_dtensor(types):
+            return NotImplemented  # DTensor runs it; its local ops come back here
         if func in DECOMPOSED:
             with self:
                 return DECOMPOSED[func](*args, **kwargs)
@@ -199,17 +215,20 @@ def capture(module: torch.nn.Module, call: Callable[[], Any], inputs: dict[str, 
     leaves += [("buffer", n, t) for n, t in module.named_buffers()]
     leaves += [("input", n, t) for n, t in inputs.items()]
     for kind, name, tensor in leaves:
+        tensor = local_tensor(tensor)
         dtype = str(tensor.dtype).removeprefix("torch.")
         node_name = builder.emit_placeholder(name, kind, tuple(tensor.shape), dtype)
         recorder.bind(tensor, node_name)
     hooks = [register_module_forward_pre_hook(sources.enter), register_module_forward_hook(sources.leave)]
     try:
-        with torch.set_grad_enabled(grad), recorder:
+        with torch.set_grad_enabled(grad), sharding_propagation_unrecorded(), recorder:
             result = call()
+    except RuntimeError as error:  # raised outside the recorder's own calls, e.g. by DTensor
+        raise CaptureError(f"{sources.failure(error)}: {str(error).splitlines()[0]}") from None
     finally:
         for hook in hooks:
             hook.remove()
     outputs = result if isinstance(result, (tuple, list)) else [result]
     graph = builder.graph
-    graph.outputs = [recorder.ref(t).name for t in outputs]
+    graph.outputs = [recorder.ref(local_tensor(t)).name for t in outputs]
     return graph.pruned()

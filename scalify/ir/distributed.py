@@ -30,8 +30,6 @@ def qualified(rank: int, name: str) -> str:
 
 def merge_ranks(graphs: list[Graph]) -> DistributedGraph:
     """Match each rank's k-th collective on a group with the other members' k-th, and merge."""
-    world = len(graphs)
-    graphs = [_folded(graph, world) for graph in graphs]
     partners = _match_collectives(graphs)
     nodes: dict[str, Node] = {}
     for rank, graph in enumerate(graphs):
@@ -52,66 +50,6 @@ def merge_ranks(graphs: list[Graph]) -> DistributedGraph:
     return DistributedGraph(merged, len(graphs),
                             [[qualified(r, o) for o in g.outputs] for r, g in enumerate(graphs)],
                             order)
-
-
-def users_of(nodes: list[Node]) -> dict[str, list[str]]:
-    users: dict[str, list[str]] = {}
-    for node in nodes:
-        for name in node.inputs:
-            users.setdefault(name, []).append(node.name)
-    return users
-
-
-def concat_leaves(top: Node, by_name: dict[str, Node], users: dict[str, list[str]],
-                   inner: list[str]) -> list[str]:
-    """A concat chain's leaves, descending into concats along the same dim used only by the
-    chain (collected in `inner`)."""
-    leaves = []
-    for name in top.inputs:
-        node = by_name[name]
-        if node.op == "concat" and node.attr("dim") == top.attr("dim") and \
-                users.get(name) == [top.name]:
-            inner.append(name)
-            leaves += concat_leaves(node, by_name, users, inner)
-        else:
-            leaves.append(name)
-    return leaves
-
-
-def fold_reduce_scatters(nodes: list[Node], world: int) -> list[Node]:
-    """Fold one slice per rank block along dim e + a concat along dim 0 + `reduce_scatter`
-    (dim 0) into one family reduce-scatter along e (functional collectives scatter other dims
-    that way)."""
-    by_name = {node.name: node for node in nodes}
-    users = users_of(nodes)
-    folded: dict[str, Node] = {}
-    dropped: set[str] = set()
-    for node in nodes:
-        top = by_name.get(node.inputs[0]) if node.op == "reduce_scatter" and node.inputs else None
-        if top is None or top.op != "concat" or top.attr("dim") != 0 or \
-                users.get(top.name) != [node.name]:
-            continue
-        inner: list[str] = []
-        blocks = [by_name[name] for name in concat_leaves(top, by_name, users, inner)]
-        if len(blocks) != world or any(b.op != "slice" or users.get(b.name) != [top.name]
-                                       for b in blocks):
-            continue
-        source, dim = blocks[0].inputs, blocks[0].attr("dim")
-        rows = by_name[source[0]].shape[dim] // world if source[0] in by_name else 0
-        if rows == 0 or any(b.inputs != source or dict(b.attrs) != {
-                "dim": dim, "start": k * rows, "end": (k + 1) * rows} for k, b in enumerate(blocks)):
-            continue
-        folded[node.name] = replace(node, inputs=source, attrs=node.attrs + (("dim", dim),))
-        dropped.update([top.name, *inner, *(b.name for b in blocks)])
-    return [folded.get(node.name, node) for node in nodes if node.name not in dropped]
-
-
-def _folded(graph: Graph, world: int) -> Graph:
-    """`graph` with functional collectives' reduce-scatters along other dims folded."""
-    folded = Graph(outputs=list(graph.outputs))
-    for node in fold_reduce_scatters(graph.nodes, world):
-        folded.add(node)
-    return folded
 
 
 def _match_collectives(graphs: list[Graph]) -> dict[str, tuple[list[tuple[int, str]], int]]:

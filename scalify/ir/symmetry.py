@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .distributed import (COLLECTIVES, DistributedGraph, concat_leaves, fold_reduce_scatters,
-                          qualified, users_of)
+from .distributed import COLLECTIVES, DistributedGraph, qualified
 from .graph import Graph, Node
 
 # Integer attributes that may differ by rank, per op.
@@ -51,7 +50,7 @@ def symbolic_program(graphs: list[Graph]) -> tuple[DistributedGraph | None, str]
             return None, why
         nodes.append(symbolic)
     graph = Graph(outputs=[qualified(0, o) for o in first.outputs])
-    for node in fold_reduce_scatters(_gather_along(nodes, world), world):
+    for node in _gather_along(nodes, world):
         graph.add(node)
     order = {node.name: (0, i) for i, node in enumerate(graph.nodes)}
     return DistributedGraph(graph, world, [list(graph.outputs)], order, symbolic=True), "used"
@@ -100,11 +99,35 @@ def _rank_block(attrs: dict) -> bool:
             and start.scale == end.scale == end.offset)
 
 
+def _users_of(nodes: list[Node]) -> dict[str, list[str]]:
+    users: dict[str, list[str]] = {}
+    for node in nodes:
+        for name in node.inputs:
+            users.setdefault(name, []).append(node.name)
+    return users
+
+
+def _concat_leaves(top: Node, by_name: dict[str, Node], users: dict[str, list[str]],
+                   inner: list[str]) -> list[str]:
+    """A concat chain's leaves, descending into concats along the same dim used only by the
+    chain (collected in `inner`)."""
+    leaves = []
+    for name in top.inputs:
+        node = by_name[name]
+        if node.op == "concat" and node.attr("dim") == top.attr("dim") and \
+                users.get(name) == [top.name]:
+            inner.append(name)
+            leaves += _concat_leaves(node, by_name, users, inner)
+        else:
+            leaves.append(name)
+    return leaves
+
+
 def _gather_along(nodes: list[Node], world: int) -> list[Node]:
     """Fold `all_gather` (dim 0) + one slice per rank block + concats along dim e into one family
     gather along e (how functional collectives gather along other dims)."""
     by_name = {node.name: node for node in nodes}
-    users = users_of(nodes)
+    users = _users_of(nodes)
     folded: dict[str, Node] = {}
     dropped: set[str] = set()
     for node in nodes:
@@ -122,7 +145,7 @@ def _gather_along(nodes: list[Node], world: int) -> list[Node]:
                 by_name[users[top.name][0]].attr("dim") == top.attr("dim"):
             top = by_name[users[top.name][0]]
         inner: list[str] = []
-        if top.op != "concat" or concat_leaves(top, by_name, users, inner) != [b.name for b in blocks]:
+        if top.op != "concat" or _concat_leaves(top, by_name, users, inner) != [b.name for b in blocks]:
             continue
         folded[top.name] = replace(top, op="all_gather", inputs=node.inputs,
                                    attrs=(("dim", top.attr("dim")), ("family", world)),

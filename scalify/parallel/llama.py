@@ -176,11 +176,13 @@ class ParallelLlamaModel(nn.Module):
             [ParallelLlamaDecoderLayer(config, world_size, parts) for _ in range(config.num_hidden_layers)]
         )
         self.norm = parts.norm(final=True)(config.hidden_size, eps=config.rms_norm_eps)
+        self.sequence_parallel = parts.sequence_parallel
         self.rotary_emb = LlamaRotaryEmbedding(config=config)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         inputs_embeds = self.embed_tokens(input_ids)  # this rank's sequence shard under SP
-        whole = inputs_embeds.new_zeros((*input_ids.shape, inputs_embeds.shape[-1]))
+        whole = (inputs_embeds.new_zeros((*input_ids.shape, inputs_embeds.shape[-1]))
+                 if self.sequence_parallel else inputs_embeds)  # stands for the whole sequence
 
         position_ids = torch.arange(input_ids.shape[1], device=inputs_embeds.device) + PAST_SEEN_TOKENS
         position_ids = position_ids.unsqueeze(0)

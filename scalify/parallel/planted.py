@@ -144,6 +144,8 @@ class _GatherSequenceSplitGrad(torch.autograd.Function):
 
 class SplitGradColumnLinear(ColumnParallelLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.sequence_parallel:  # the bug lives in the sequence gather
+            return super().forward(x)
         return F.linear(_GatherSequenceSplitGrad.apply(x), self.weight, self.bias)
 
 

@@ -17,7 +17,8 @@ class Rule:
 
     `families` maps a variable to the op keys it ranges over (a template covers the whole
     trait group); `example(gen, choice)` returns variable bindings that satisfy the conditions,
-    so a test can check both sides numerically for every instance.
+    so a test can check both sides numerically for every instance. A rule whose `lhs` is a
+    bare variable needs a `trigger`: a term whose presence in the e-graph fires it.
     """
 
     name: str
@@ -27,8 +28,12 @@ class Rule:
     when: tuple[str, ...] = ()
     families: dict[str, tuple[str, ...]] = field(default_factory=dict)
     world: int = 1  # ranks a test evaluates both sides on (rank-family rules use several)
+    trigger: str | None = None
 
     def egglog(self, ruleset: str) -> str:
+        if self.trigger is not None:
+            query = " ".join([f"(= fired {self.trigger})", *self.when])
+            return f"(rule ({query}) ((union {self.lhs} {self.rhs})) :ruleset {ruleset})"
         conditions = f" :when ({' '.join(self.when)})" if self.when else ""
         return f"(rewrite {self.lhs} {self.rhs}{conditions} :ruleset {ruleset})"
 

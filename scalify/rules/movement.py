@@ -140,6 +140,11 @@ def rules() -> list[Rule]:
         Rule("adjacent-slices-pair", "(slice x d a b)",
              "(slice (concat (slice x d a b) (slice x d b c) d (- b a) (- c b)) d 0 (- b a))",
              _adjacent, when=("(= q (slice x d b c))",)),
+        Rule("partial-sum-from-slices", "(slice (psum a b) d s n)",
+             "(concat (slice (psum a b) d s e) (slice (psum a b) d e n) d (- e s) (- n e))",
+             lambda gen, c: {"a": tensor(gen, *SHAPE), "b": tensor(gen, *SHAPE), "d": 1, "s": 0,
+                             "e": 2, "n": SHAPE[1]},
+             when=("(= n (dimsize a d))", "(< e n)"), trigger="(slice (psum a b) d s e)"),
         Rule("slice-whole", "(slice x d 0 n)", "x",
              lambda gen, c: {"x": tensor(gen, *SHAPE), "d": 1, "n": SHAPE[1]},
              when=("(= (dimsize x d) n)",)),
@@ -191,8 +196,8 @@ def rules() -> list[Rule]:
     ]
 
 
-# Shape facts the size-dependent rules read: a concat's parts have the sizes it records, and an
-# unsqueezed dim has size 1.
+# Shape facts the size-dependent rules read: a concat's parts have the sizes it records, an
+# unsqueezed dim has size 1, and a partial sum has its parts' sizes.
 FACT_RULES = (
     "(rule ((= t (concat a b d na nb))) "
     "((set (dimsize a d) na) (set (dimsize b d) nb) (set (dimsize t d) (+ na nb))) :ruleset lemmas)",

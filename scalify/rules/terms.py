@@ -3,6 +3,8 @@
 Rank tensors are `(dist "name")` leaves; `concat`, `psum`, `pmax` and `slice` are the
 relational (data-movement and reduction) constructors and are cheap for extraction; every
 computational constructor is expensive, so a term that still contains one means "no relation".
+A partial sum costs more than a concatenation, so where a collective has realised the reduced
+value (a reduce-scatter's shards) extraction names it rather than the ranks' partial terms.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ DECLARATIONS = f"""
   (dist String :cost 1)
   (const String :cost 1)
   (concat T T i64 i64 i64 :cost 1)
-  (psum T T :cost 5)
+  (psum T T :cost 8)
   (pmax T T :cost 5)
   (slice T i64 i64 i64 :cost 2)
   (unary String T :cost {COMPUTE_COST})
@@ -49,7 +51,7 @@ DECLARATIONS = f"""
   (opaque3 String T T T :cost {COMPUTE_COST})
   (opaque4 String T T T T :cost {COMPUTE_COST})
   (rcat T i64 i64 :cost 1)
-  (rsum T :cost 5)
+  (rsum T :cost 8)
   (rmax T :cost 5)
   (rslice T i64 i64 :cost 2)
   (embed_rrange T T i64 :cost {COMPUTE_COST})

@@ -19,7 +19,8 @@ import scalify.parallel
 from scalify.errors import ConfigError, ShapeError
 from scalify.models import PRESETS, build_reference, example_inputs, make_hf_config, reference_forward
 from scalify.parallel import PLANTED_BUGS, build_rank_model, param_placements
-from scalify.parallel.planted import PLANTED_PARTS
+from scalify.parallel.dtensor_planted import DTENSOR_PLANTED_BUGS
+from scalify.parallel.planted import DATA_PARALLEL_BUGS, PLANTED_PARTS
 from scalify.placements import Placement, Replicate, Shard
 
 LAYER_FIELD = {"llama": "num_hidden_layers", "gpt2": "n_layer"}
@@ -199,8 +200,8 @@ def test_column_wrong_dim_declares_the_dim_1_shard():
 def test_each_planted_bug_is_marked_on_exactly_one_line():
     sources = "\n".join(path.read_text() for path in Path(scalify.parallel.__file__).parent.glob("*.py"))
     markers = re.findall(r"# planted: ([\w-]+)", sources)
-    assert sorted(markers) == sorted(PLANTED_BUGS)
-    assert set(PLANTED_PARTS) == set(PLANTED_BUGS)
+    assert sorted(markers) == sorted([*PLANTED_BUGS, *DTENSOR_PLANTED_BUGS])
+    assert set(PLANTED_PARTS) == set(PLANTED_BUGS) - set(DATA_PARALLEL_BUGS)
 
 
 class Logits(nn.Module):
@@ -226,6 +227,7 @@ TP_OPS = {
     "aten.unsqueeze.default", "aten.mm.default", "aten.add.Tensor", "aten.chunk.default", "aten.cat.default",
     "<built-in function getitem>", "_c10d_functional.all_reduce.default",
     "_c10d_functional.all_gather_into_tensor.default", "_c10d_functional.wait_tensor.default",
+    "aten.view_as.default",  # Megatron's copy-to-region: an identity autograd function
 }
 
 

@@ -1,0 +1,165 @@
+"""The parallelism matrix: model family x parallel plan x forward/backward.
+
+Every correct cell must verify and every planted-bug cell must be caught at its planted line,
+with the numeric cross-check agreeing on each verdict. Cells marked `gap` are configurations
+Scalify cannot prove yet: they must not come out "verified" (the numbers show the programs
+agree, so the honest verdict is an unproven discrepancy). `python -m scalify.matrix` (or
+`make matrix`) runs every cell and prints the table.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+import scalify
+
+_PLANTED_FILES = ("parallel/planted.py", "parallel/dtensor_planted.py")
+_LAYERS = {"llama": "model.num_hidden_layers", "gpt2": "model.n_layer"}
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One configuration: a tiny model of `family`, a plan, forward or one training step."""
+
+    family: str
+    plan: str  # the column label
+    backward: bool
+    plan_fields: tuple[tuple[str, object], ...] = ()
+    bug: str | None = None
+    gap: str | None = None  # why this correct configuration is not provable yet
+    batch: int = 1
+    rank_symmetry: bool = True
+
+    @property
+    def name(self) -> str:
+        step = "backward" if self.backward else "forward"
+        kind = f"bug {self.bug}" if self.bug else "per-rank" if not self.rank_symmetry else "correct"
+        return f"{self.family}/{self.plan}/{step}/{kind}"
+
+    def world_size(self) -> int:
+        fields = dict(self.plan_fields)
+        return int(fields.get("tensor_parallel", 1)) * int(fields.get("data_parallel", 1))
+
+    def experiment(self) -> dict:
+        world = self.world_size()
+        return {"name": self.name, "model": f"{self.family}-tiny",
+                "plan": {"tensor_parallel": 1, **dict(self.plan_fields), "planted_bug": self.bug},
+                "hardware": {"name": f"gpu-{world}", "target": "gpu", "devices": world},
+                "inputs": {"batch": self.batch, "seq": 8}, "overrides": {_LAYERS[self.family]: 1},
+                "verify": {"backward": self.backward, "rank_symmetry": self.rank_symmetry}}
+
+
+def _cells() -> list[Cell]:
+    tp2 = (("tensor_parallel", 2),)
+    sp2 = (("tensor_parallel", 2), ("sequence_parallel", True))
+    dp2 = (("data_parallel", 2),)
+    zero2 = (("data_parallel", 2), ("zero_stage", 2))
+    micro = (("data_parallel", 2), ("micro_batches", 2))
+    hf = (("style", "dtensor"), ("tensor_parallel", 2), ("dtensor_plan", "hf"))
+    return [
+        Cell("llama", "TP2", False, tp2),
+        Cell("gpt2", "TP2", False, tp2),
+        Cell("llama", "TP2+SP", False, sp2),
+        Cell("llama", "DP2", False, dp2, batch=2),
+        Cell("llama", "DTensor hf TP2", False, hf),
+        Cell("llama", "TP2", True, tp2),
+        Cell("llama", "TP2", True, tp2, rank_symmetry=False),
+        Cell("llama", "TP2+SP", True, sp2),
+        Cell("llama", "DP2", True, dp2, batch=2),
+        Cell("llama", "DP2 ZeRO-2", True, zero2, batch=2),
+        Cell("llama", "TP2", True, tp2, bug="missing-allreduce"),
+        Cell("gpt2", "TP2", False, tp2, bug="global-heads-reshape"),
+        Cell("llama", "TP2+SP", True, sp2, bug="sp-norm-grad-unreduced"),
+        Cell("llama", "TP2+SP", True, sp2, bug="sp-gather-grad-not-reduced"),
+        Cell("llama", "DP2", True, dp2, bug="dp-mean-of-means", batch=2),
+        Cell("llama", "DP2", True, dp2, bug="dp-grads-averaged", batch=2),
+        Cell("llama", "DTensor hf TP2", False, hf, bug="dtensor-global-heads-reshape"),
+        Cell("gpt2", "TP2", True, tp2, gap="fused [q|k|v] gradient blocks contract across "
+                                           "blocks and ranks; no rule joins them yet"),
+        Cell("llama", "DP2 x2 micro-batches", True, micro, batch=4,
+             gap="the token count over the whole local batch is not related to the "
+                 "micro-batches' slices yet"),
+    ]
+
+
+CELLS = _cells()
+
+
+def planted_line(bug: str) -> tuple[str, int]:
+    """The file and line marked `# planted: <bug>`."""
+    package = Path(scalify.__file__).parent
+    for relative in _PLANTED_FILES:
+        path = package / relative
+        for number, text in enumerate(path.read_text().splitlines(), 1):
+            if text.rstrip().endswith(f"# planted: {bug}"):
+                return str(path), number
+    raise KeyError(f"no line is marked '# planted: {bug}'")
+
+
+@dataclass
+class Outcome:
+    """What running a cell gave, and whether that is what the cell expects."""
+
+    verdict: str
+    agrees: bool
+    at_planted_line: bool | None
+    seconds: float
+    passed: bool
+    where: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+def run_cell(cell: Cell) -> Outcome:
+    """Verify the cell with the numeric cross-check and judge the result."""
+    start = time.perf_counter()
+    report = scalify.verify(cell.experiment(), numeric=True)
+    seconds = time.perf_counter() - start
+    agrees = bool(report.numeric and report.numeric["agrees"])
+    first = report.discrepancies[0] if report.discrepancies else None
+    where = str(first.dist_source) if first else ""
+    if cell.bug:
+        line = planted_line(cell.bug)
+        at_line = first is not None and line in first.lines()
+        passed = report.verdict == "discrepancy" and not agrees and at_line
+        return Outcome(report.verdict, agrees, at_line, seconds, passed, where)
+    if cell.gap:
+        passed = report.verdict != "verified" and agrees
+        return Outcome(report.verdict, agrees, None, seconds, passed, where, [cell.gap])
+    return Outcome(report.verdict, agrees, None, seconds, report.verdict == "verified" and agrees,
+                   where)
+
+
+def _row(cell: Cell, outcome: Outcome) -> list[str]:
+    expected = ("caught at its line" if cell.bug else "known gap" if cell.gap else "verified")
+    found = outcome.verdict + (" at the planted line" if outcome.at_planted_line else "")
+    numbers = "agree" if outcome.agrees else "differ"
+    mark = "[green]pass[/]" if outcome.passed else "[red]FAIL[/]"
+    kind = cell.bug or ("correct, per-rank" if not cell.rank_symmetry else "correct")
+    return [cell.family, cell.plan, "backward" if cell.backward else "forward", kind, expected,
+            found, numbers, f"{outcome.seconds:.1f}", mark]
+
+
+def main() -> int:
+    console = Console()
+    table = Table(title="Scalify parallelism matrix (tiny models, numeric cross-check on)")
+    for column in ("family", "plan", "step", "cell", "expected", "verdict", "numbers", "s", ""):
+        table.add_column(column)
+    failed = 0
+    for cell in CELLS:
+        outcome = run_cell(cell)
+        failed += not outcome.passed
+        table.add_row(*_row(cell, outcome))
+    console.print(table)
+    for cell in CELLS:
+        if cell.gap:
+            console.print(f"known gap, {cell.name}: {cell.gap}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

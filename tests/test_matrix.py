@@ -1,0 +1,23 @@
+"""The parallelism matrix: each cell gives the verdict it expects, numbers agreeing."""
+import pytest
+
+from scalify.matrix import CELLS, planted_line, run_cell
+
+
+@pytest.mark.parametrize("cell", CELLS, ids=[cell.name for cell in CELLS])
+def test_cell(cell):
+    outcome = run_cell(cell)
+    if cell.bug:
+        assert outcome.verdict == "discrepancy" and not outcome.agrees
+        assert outcome.at_planted_line, f"reported at {outcome.where}, planted at {planted_line(cell.bug)}"
+    elif cell.gap:
+        assert outcome.verdict != "verified", "a configuration Scalify cannot prove must not verify"
+        assert outcome.agrees
+    else:
+        assert outcome.verdict == "verified" and outcome.agrees
+
+
+def test_every_planted_bug_of_the_new_plans_has_a_cell():
+    covered = {cell.bug for cell in CELLS}
+    assert {"sp-norm-grad-unreduced", "sp-gather-grad-not-reduced", "dp-mean-of-means",
+            "dp-grads-averaged"} <= covered

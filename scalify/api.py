@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from .capture.ranks import capture_ranks
+from .capture.shard_fn import ShardFn, infer_placements
 from .capture.tracer import capture
 from .config import Experiment, load_experiment
 from .engine import Executor, InlineExecutor, VerifyJob, executor_for
@@ -34,14 +35,16 @@ def verify_modules(reference: nn.Module, rank_module_factory: Callable[[int], nn
                    output_placements: list[Placement] | None = None, *, numeric: bool = False,
                    name: str = "modules", progress: Progress = _quiet,
                    options: VerifyOptions | None = None, capture_workers: int = 1,
-                   executor: Executor | None = None) -> Report:
+                   executor: Executor | None = None, shard_fn: ShardFn | None = None) -> Report:
     """Prove that `rank_module_factory(r)` for r < world_size computes what `reference` computes.
 
     `example_inputs` are reference-shaped tensors (meta, fake or real) passed to both forwards
     as keyword arguments (a tuple is named arg0, arg1, ...); `param_placements` maps reference
     parameter/buffer names to placements (unlisted: Replicate); outputs default to Replicate.
     `capture_workers > 1` captures ranks in forked processes as well as this one; `executor`
-    (default: inline) proves the segments.
+    (default: inline) proves the segments. `shard_fn(reference_state, rank, world_size) ->
+    rank_state`, a checkpoint sharding function, states the parameters' placements instead
+    (read by `infer_placements`; `param_placements` still override it).
     """
     inputs = _named(example_inputs)
     input_placements = input_placements or {}
@@ -53,12 +56,16 @@ def verify_modules(reference: nn.Module, rank_module_factory: Callable[[int], nn
         _call, lambda r: progress("capture", r + 1, world_size), workers=capture_workers)
     timings["capture_s"] = time.perf_counter() - start
     start = time.perf_counter()
+    if shard_fn is not None:
+        state = {**dict(reference.named_parameters(remove_duplicate=False)),
+                 **dict(reference.named_buffers())}
+        param_placements = {**infer_placements(shard_fn, state, world_size), **(param_placements or {})}
     placements = {**(param_placements or {}), **input_placements}
     options = options or VerifyOptions()
     symbolic, symmetry = None, "off"
     if options.rank_symmetry:
         symbolic, symmetry = (symbolic_program(rank_graphs) if even_placements(placements, world_size)
-                              else (None, "a placement repeats chunks across ranks"))
+                              else (None, "a placement repeats chunks across ranks or is Custom"))
     # The per-rank graph is needed to verify without symmetry and to run the numbers.
     dist = merge_ranks(rank_graphs) if symbolic is None or numeric else None
     outputs = output_placements or [Replicate()] * len(ref_graph.outputs)
@@ -90,19 +97,22 @@ def verify(config: str | os.PathLike | dict | Experiment, *, numeric: bool | Non
     """Verify the experiment a YAML file (or dict, or loaded Experiment) describes, on `executor`
     (default: the one its `engine` section asks for)."""
     from .models import build_reference, example_inputs, make_hf_config
-    from .parallel import build_rank_model, param_placements
+    from .parallel import build_rank_model, param_placements, shard_function
 
     experiment = config if isinstance(config, Experiment) else load_experiment(config)
     model, plan = experiment.model, experiment.plan
     hf_config = make_hf_config(model.family, model.config)
     reference = build_reference(model.family, hf_config)
     world = experiment.world_size()
-    placements = param_placements(model.family, hf_config, world, planted_bug=plan.planted_bug)
+    shard_fn = shard_function(model.family, hf_config, fused=plan.fused, path=plan.shard_fn,
+                              planted_bug=plan.planted_bug)
+    placements = {} if shard_fn else param_placements(model.family, hf_config, world,
+                                                      planted_bug=plan.planted_bug)
     logits = Replicate() if plan.logits == "gathered" else Shard(-1)
     report = verify_modules(
         _LogitsOnly(reference),
         lambda rank: build_rank_model(model.family, hf_config, rank, world, logits=plan.logits,
-                                      planted_bug=plan.planted_bug),
+                                      planted_bug=plan.planted_bug, fused=plan.fused),
         world, example_inputs(model.family, experiment.inputs.batch, experiment.inputs.seq),
         placements, output_placements=[logits],
         numeric=experiment.verify.numeric if numeric is None else numeric, name=experiment.name,
@@ -110,7 +120,7 @@ def verify(config: str | os.PathLike | dict | Experiment, *, numeric: bool | Non
         options=VerifyOptions(window_depth=experiment.verify.window_depth,
                               memo=experiment.verify.memo, memo_store=experiment.verify.memo_store,
                               rank_symmetry=experiment.verify.rank_symmetry),
-        executor=executor or executor_for(experiment.engine))
+        executor=executor or executor_for(experiment.engine), shard_fn=shard_fn)
     report.config = experiment.to_dict()
     if experiment.tracking.enabled:
         from .tracking import log_run

@@ -22,6 +22,7 @@ LOGITS_MODES = ("gathered", "vocab_parallel")
 HARDWARE_TARGETS = ("gpu", "neuron")
 ENGINE_KINDS = ("auto", "inline", "ray")
 FAMILIES = tuple(sorted({preset.family for preset in PRESETS.values()}))
+_FUNCTION_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 
 
 @dataclass(frozen=True)
@@ -35,12 +36,16 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class PlanSpec:
-    """How the model is parallelised; `planted_bug` names a deliberate fault for demos and tests."""
+    """How the model is parallelised; `planted_bug` names a deliberate fault for demos and tests;
+    `fused` uses fused qkv/gate_up layouts (llama); `shard_fn` ("module.path:function") is a
+    checkpoint sharding function that states the parameters' relations."""
 
     style: str = "megatron"
     tensor_parallel: int = 1
     logits: str = "gathered"
     planted_bug: str | None = None
+    fused: bool = False
+    shard_fn: str | None = None
 
 
 @dataclass(frozen=True)
@@ -239,6 +244,12 @@ def _optional_text(value: Any, where: _Where) -> str | None:
     return None if value is None else _text(value, where)
 
 
+def _function_path(value: Any, where: _Where) -> str:
+    if not isinstance(value, str) or not _FUNCTION_PATH.match(value):
+        raise where.error(f"expected 'module.path:function', got {_show(value)}")
+    return value
+
+
 def _choice(*options: str) -> Checker:
     """A checker that accepts exactly one of `options`."""
 
@@ -256,6 +267,8 @@ _SCHEMAS: dict[type, dict[str, Checker]] = {
         "tensor_parallel": _positive_int,
         "logits": _choice(*LOGITS_MODES),
         "planted_bug": _optional_text,
+        "fused": _boolean,
+        "shard_fn": lambda value, where: None if value is None else _function_path(value, where),
     },
     HardwareSpec: {"name": _text, "target": _choice(*HARDWARE_TARGETS), "devices": _positive_int},
     InputSpec: {"batch": _positive_int, "seq": _positive_int},
@@ -371,6 +384,9 @@ def load_experiment(source: str | os.PathLike | dict) -> Experiment:
     model = _model_spec(*sections["model"], overrides["model"])
     plan = _build(PlanSpec, *sections["plan"])
     hardware = _build(HardwareSpec, *sections["hardware"])
+    if plan.fused and model.family != "llama":
+        raise sections["plan"][0]["fused"][1].error(
+            f"fused layouts exist for llama, not {model.family!r}")
     if hardware.devices != plan.tensor_parallel:
         raise sections["hardware"][0]["devices"][1].error(
             f"{hardware.devices} devices do not match the plan's world size {plan.tensor_parallel} "

@@ -30,6 +30,8 @@ PLANTED_BUGS: dict[str, str] = {
     "softmax-wrong-dim": "llama attention softmax over dim 1 (the sharded heads) instead of the keys",
     "double-allreduce": "llama MLP down_proj all_reduces its output twice",
     "gqa-wrong-kv-head": "llama with fewer kv heads than ranks gives rank r kv head r % kv_heads",
+    "fused-plain-column-shard": "fused llama's shard function cuts [q; k; v] into equal row blocks, "
+                                "not per head group",
 }
 
 
@@ -118,3 +120,15 @@ PLANTED_PARTS: dict[str, dict[str, LlamaParts | GPT2Parts]] = {
     "gqa-wrong-kv-head": {"llama": LlamaParts(kv_head_of_rank=kv_head_of_rank_modulo)},
 }
 """For each bug, the parts that plant it, per model family it applies to."""
+
+
+def plain_column_qkv_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rank: int,
+                          world_size: int, config: object) -> torch.Tensor:
+    """The fused [q; k; v] weight cut like one column-parallel weight: rank r gets rows r*n..(r+1)*n."""
+    fused = torch.cat([q, k, v])
+    rows = fused.shape[0] // world_size
+    return fused[rank * rows:(rank + 1) * rows]  # planted: fused-plain-column-shard
+
+
+PLANTED_QKV_ROWS = {"fused-plain-column-shard": plain_column_qkv_rows}
+"""Bugs in the fused layout's shard function: the qkv rows function they plant."""

@@ -17,10 +17,11 @@ from ..errors import ShapeError
 from ..ir.distributed import DistributedGraph, constant_keys
 from ..ir.graph import Graph, Node, SourceLoc
 from ..ir.ops import OPS
-from ..placements import Placement, Replicate
+from ..placements import Custom, Placement, Replicate
 from ..report.model import Discrepancy
 from ..rules.families import LINEAR_UNARY_OPS
 from ..rules.terms import App, is_relational, leaves, op_key, parse, render
+from .custom import custom_relation
 from .encode import encode
 from .relations import (Relation, describe, expected_output, family_relation,
                         from_placement, leaf)
@@ -211,6 +212,9 @@ class Verifier:
     def _input_relation(self, node: Node, placements: dict[str, Placement]) -> Relation:
         target = node.attr("target")
         placement = placements.get(target, Replicate())
+        if isinstance(placement, Custom):  # never symbolic: even_placements rules it out
+            return custom_relation(target, placement, node.shape, lambda name: (
+                self.dist.graph[name].shape if name in self.dist.graph else None))
         if self.dist.symbolic:
             name = f"r0/{target}"
             if name not in self.dist.graph:

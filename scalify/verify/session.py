@@ -11,12 +11,14 @@ from .store import MemoStore
 
 _LEAF = re.compile(r'\(dist "([^"]+)"\)')
 _SAME = re.compile(r'\(same "([^"]+)" "([^"]+)"\)')
+_SLICED = re.compile(r'\(union \(dist "([^"]+)"\) \(slice ')
 
 
 @dataclass(frozen=True)
 class Outcome:
     """What saturation found for `$y`: the cheapest term, the rank tensors equal to it, and for
-    each rank tensor in the term the others equal to it (`(name, other)` pairs)."""
+    each rank tensor in the term, or cut out by a slice in the window, the others equal to it
+    (`(name, other)` pairs: slices find the replicas of pieces of fused tensors)."""
 
     term: str
     same: tuple[str, ...]
@@ -117,7 +119,7 @@ class EgglogSession:
                 f"{_batched(program)}\n{self._schedule()}\n(print-size)\n(extract $y)"))
             self._measure(outputs)
             term = str(outputs[-1]).strip()
-            names = list(dict.fromkeys(_LEAF.findall(term)))
+            names = list(dict.fromkeys(_LEAF.findall(term) + _SLICED.findall(program)))
             targets = " ".join(f'(target (dist "{n}") "{n}")' for n in names)
             probe = (f'(rule () ((target $y "$y") {targets}) :ruleset window)\n(run window 1)\n'
                      "(run probe 1)\n(print-function same 1000000)")

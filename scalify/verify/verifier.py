@@ -365,7 +365,7 @@ class Verifier:
             same_op = [n for n in lowest if self.dist.graph[n].op == node.op]
             chosen = (same_op or lowest or [None])[0]
             primary = self.dist.graph[chosen].source if chosen else SourceLoc()
-            hint = _hint(node, found)
+            hint = _hint(node, found) + _layout_hint(self._sharded_inputs(node))
         nearby = list(dict.fromkeys(self.dist.graph[n].source for n in lowest))[:10]
         return Discrepancy(node.op, node.name, node.source.module, node.source, primary,
                            found=describe(found, self.labels),
@@ -376,7 +376,11 @@ class Verifier:
     def _sharded_parameters(self, node: Node) -> list[str]:
         """Placements (and where they were declared) of the sharded parameters of this layer
         that the op depends on: a wrong placement shows up here, not on a line of the graph."""
-        region, seen, stack, found = region_of(node.source.module), set(), [node.name], []
+        return sorted(f"{target}: {placement} (declared at {placement.declared_at})"
+                      for target, placement in self._sharded_inputs(node).items())
+
+    def _sharded_inputs(self, node: Node) -> dict[str, Placement]:
+        region, seen, stack, found = region_of(node.source.module), set(), [node.name], {}
         while stack:
             current = self.ref[stack.pop()]
             if current.name in seen:
@@ -385,11 +389,10 @@ class Verifier:
             if current.op == "placeholder":
                 placement = self.placements.get(current.attr("target"), Replicate())
                 if not isinstance(placement, Replicate):
-                    found.append(f"{current.attr('target')}: {placement} (declared at "
-                                 f"{placement.declared_at})")
+                    found[current.attr("target")] = placement
             elif region_of(current.source.module) == region:
                 stack.extend(current.inputs)
-        return sorted(found)
+        return found
 
     def _output_discrepancy(self, node: Node, relation: Relation, placement: Placement,
                             rank_outputs: list[str]) -> Discrepancy:
@@ -412,6 +415,15 @@ def _inherited(inputs: list[Relation], mentioned: set[str]) -> tuple[tuple[str, 
             if name in mentioned or mentioned.intersection(leaves(parse(term))):
                 kept.append((term, name))
     return tuple(dict.fromkeys(kept))
+
+
+def _layout_hint(inputs: dict[str, Placement]) -> str:
+    """For Custom (fused) layouts: where they were stated, e.g. a sharding function's line."""
+    stated = sorted({p.declared_at for p in inputs.values() if isinstance(p, Custom)})
+    if not stated:
+        return ""
+    return (f"; or the layout the ranks hold (stated at {', '.join(stated)}) differs from the one "
+            "their code uses")
 
 
 def _label(node: Node, ranks: str) -> str:

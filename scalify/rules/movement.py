@@ -4,6 +4,8 @@ Every rule is size-free except where the concat's own part sizes say what a slic
 """
 from __future__ import annotations
 
+import torch
+
 from .base import Rule
 from .examples import concat_parts, tensor
 
@@ -36,6 +38,13 @@ def _interchange(gen, choice):
     block = {"a": (1, 2), "b": (3, 2), "x": (1, 4), "y": (3, 4)}
     return {name: tensor(gen, *shape) for name, shape in block.items()} | {
         "d": 0, "na": 1, "nb": 3, "k": 1, "ma": 2, "mb": 4}
+
+
+def _regroup(gen, choice):
+    """Three parts along dim 1 and `x`, the concatenation of the first two."""
+    a, b, c = tensor(gen, 3, 1), tensor(gen, 3, 2), tensor(gen, 3, 4)
+    return {"a": a, "b": b, "c": c, "x": torch.cat([a, b], 1), "d": 1, "na": 1, "nb": 2, "nc": 4,
+            "m": 6}
 
 
 def _sliced(**extra):
@@ -134,6 +143,17 @@ def rules() -> list[Rule]:
         Rule("slice-concat-straddle", "(slice (concat a b d na nb) d s e)",
              "(concat (slice a d s na) (slice b d 0 (- e na)) d (- na s) (- e na))",
              _parts(1, 3, s=1, e=5), when=("(< s na)", "(> e na)")),
+        Rule("slice-slice", "(slice (slice x d s e) d s2 e2)", "(slice x d (+ s s2) (+ s e2))",
+             lambda gen, c: {"x": tensor(gen, *SHAPE), "d": 1, "s": 1, "e": 5, "s2": 1, "e2": 3}),
+        # A slice inside the groups of a split picks a strided set of rows: peel one group off.
+        Rule("slice-split-groups-peel", "(slice (split x d i) e s t)",
+             "(concat (unsqueeze (slice x d s t) d) (slice (split (slice x d i n) d i) e s t) "
+             "d 1 (- (/ n i) 1))",
+             lambda gen, c: {"x": tensor(gen, 4, 6, 3), "d": 1, "i": 2, "n": 6, "e": 2, "s": 0, "t": 1},
+             when=("(= e (+ d 1))", "(= (dimsize x d) n)", "(> n i)", "(<= t i)")),
+        Rule("slice-split-one-group", "(slice (split x d i) e s t)", "(unsqueeze (slice x d s t) d)",
+             lambda gen, c: {"x": tensor(gen, 4, 2, 3), "d": 1, "i": 2, "e": 2, "s": 1, "t": 2},
+             when=("(= e (+ d 1))", "(= (dimsize x d) i)")),
         Rule("slice-whole", "(slice x d 0 n)", "x",
              lambda gen, c: {"x": tensor(gen, *SHAPE), "d": 1, "n": SHAPE[1]},
              when=("(= (dimsize x d) n)",)),
@@ -166,6 +186,12 @@ def rules() -> list[Rule]:
              lambda gen, c: {"a": tensor(gen, 3, 1), "b": tensor(gen, 3, 2), "c": tensor(gen, 3, 4),
                              "d": 1, "na": 1, "nb": 2, "m": 3, "nc": 4},
              when=("(= m (+ na nb))",)),
+        # Associativity only towards groupings already present (a rank's own concat of its
+        # pieces), so a flat chain of pieces finds the ranks' tensors without enumerating them all.
+        Rule("concat-regroup", "(concat a (concat b c d nb nc) d na m)",
+             "(concat x c d (+ na nb) nc)",
+             _regroup,
+             when=("(= x (concat a b d na nb))",)),
         Rule("squeeze-upper-unit-dim", "(squeeze x d)", "(squeeze x e)",
              lambda gen, c: {"x": tensor(gen, 4, 1, 1, 3), "d": 1, "e": 2},
              when=("(= e (+ d 1))", "(= (dimsize x e) 1)")),
@@ -178,10 +204,11 @@ def rules() -> list[Rule]:
     ]
 
 
-# Shape facts the size-dependent rules read: a concat's parts have the sizes it records, and an
-# unsqueezed dim has size 1.
+# Shape facts the size-dependent rules read: a concat's parts have the sizes it records, an
+# unsqueezed dim has size 1, and a slice's dim the size it selects.
 FACT_RULES = (
     "(rule ((= t (concat a b d na nb))) "
     "((set (dimsize a d) na) (set (dimsize b d) nb) (set (dimsize t d) (+ na nb))) :ruleset lemmas)",
     "(rule ((= t (unsqueeze x d))) ((set (dimsize t d) 1)) :ruleset lemmas)",
+    "(rule ((= t (slice x d s e))) ((set (dimsize t d) (- e s))) :ruleset lemmas)",
 )

@@ -61,7 +61,8 @@ def _slice(name: str, dim: int, start: int, end: int, shape: Shape) -> str:
 
 def custom_relation(target: str, placement: Custom, ref_shape: Shape,
                     shape_of: Callable[[str], Shape | None]) -> Relation:
-    """ref = concat of the owners' slices; every other piece is a replica of its owner's slice,
+    """ref = concat of the owners' slices (one nested concat per run of one rank tensor's slices,
+    as that rank's own split of it reads); every other piece is a replica of its owner's slice,
     stated as a fact: its rank tensor equals itself with that slice replaced by the owner's."""
     check_tiling(target, placement, ref_shape)
     dim = placement.dim % len(ref_shape)
@@ -79,8 +80,16 @@ def custom_relation(target: str, placement: Custom, ref_shape: Shape,
                              f"{list(ref_shape)} along dim {dim}")
         shapes[name] = tuple(shape)
     spans = _spans(placement, ref_shape[dim])
-    terms = [_slice(rank_name(owner), dim, *_local(owner, start, end), shapes[rank_name(owner)])
-             for start, end, owner in spans]
+    runs: list[list[tuple[int, int, Piece]]] = []  # consecutive spans of one rank tensor
+    for span in spans:
+        if runs and rank_name(runs[-1][-1][2]) == rank_name(span[2]):
+            runs[-1].append(span)
+        else:
+            runs.append([span])
+    terms = [concat_terms([_slice(rank_name(owner), dim, *_local(owner, start, end),
+                                  shapes[rank_name(owner)]) for start, end, owner in run],
+                          [end - start for start, end, _ in run], dim) for run in runs]
+    sizes = [run[-1][1] - run[0][0] for run in runs]
     facts = []
     for piece in placement.pieces:
         for start, end, owner in spans:
@@ -88,8 +97,7 @@ def custom_relation(target: str, placement: Custom, ref_shape: Shape,
             if piece == owner or lo >= hi:
                 continue
             facts.append(_replica_fact(piece, owner, lo, hi, dim, shapes))
-    return Relation(concat_terms(terms, [end - start for start, end, _ in spans], dim),
-                    tuple(dict.fromkeys(facts)))
+    return Relation(concat_terms(terms, sizes, dim), tuple(dict.fromkeys(facts)))
 
 
 def _replica_fact(piece: Piece, owner: Piece, start: int, end: int, dim: int,

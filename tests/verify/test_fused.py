@@ -24,6 +24,16 @@ def test_fused_layout_verifies_with_grouped_query_attention(config):
     assert "Custom" in report.stats["rank_symmetry"]  # fused layouts take the per-rank path
 
 
+@pytest.mark.parametrize("model,tp", [("llama-tiny", 2), ("llama-tiny", 4)],
+                         ids=["tp2-four-groups-per-rank", "tp4-two-groups-per-rank"])
+def test_fused_layout_verifies_with_several_kv_groups_per_rank(model, tp):
+    """8 kv heads: each rank's qkv_proj interleaves several [q, k, v] groups, which the rank splits
+    with one view; the reference's q_proj rows are a strided set of them."""
+    report = scalify.verify(experiment(model, "llama", tp, fused=True), numeric=True)
+    assert report.verdict == "verified", [d.hint for d in report.discrepancies]
+    assert report.numeric["agrees"], report.numeric
+
+
 def test_plain_column_shard_of_the_fused_weight_is_caught_at_the_shard_function_line():
     """The rank's code reads [q heads, k, v] per group, but the sharding function gave it equal
     row blocks of [q; k; v]: the first discrepancy names the sharding function's line."""

@@ -37,8 +37,8 @@ MOVES = frozenset({"view", "_unsafe_view", "reshape", "clone", "contiguous", "al
 
 
 class _IndexMode(TorchDispatchMode):
-    """Runs data-movement ops on index tensors (dtype and device changes ignored) and records
-    where each result was last cut."""
+    """Runs data-movement ops on index tensors (dtype and device changes ignored, new tensors
+    zero: filler) and records where each result was last cut."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -57,6 +57,8 @@ class _IndexMode(TorchDispatchMode):
             kwargs.pop("dtype", None)
             kwargs.pop("device", None)
         out = func(*args, **kwargs)
+        if name in ("empty", "empty_like", "new_empty"):
+            out.zero_()  # uninitialised integers could pass for reference indices
         inputs = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
         origin = str(where) if name in CUTS else next(
             (self.cut_at[id(a)][1] for a in inputs if id(a) in self.cut_at), "")
@@ -191,6 +193,9 @@ def infer_placements(shard_fn: ShardFn, reference_state: dict[str, torch.Tensor]
         with mode:
             rank_state = shard_fn(tensors, rank, world_size)
         for local, value in rank_state.items():
+            if not isinstance(value, torch.Tensor):
+                raise CaptureError(f"the sharding function gave rank {rank} a {type(value).__name__}"
+                                   f" for {local}, not a tensor")
             local_shapes[rank, local] = tuple(value.shape)
             origin = mode.origin(value) or defined_at
             for item in _read(indexed, rank, local, value, origin):

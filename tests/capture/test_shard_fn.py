@@ -120,3 +120,13 @@ def test_verify_modules_with_a_shard_function():
         reference, lambda rank: FusedParallelMLP().to("meta"), WORLD,
         {"x": torch.empty(2, 4, HIDDEN, device="meta")}, shard_fn=shard_mlp, numeric=True)
     assert report.verified and report.numeric["agrees"], [d.hint for d in report.discrepancies]
+
+
+def test_padding_rows_are_filler_not_pieces():
+    """A vocab padded to a multiple of the ranks: the zero rows belong to no reference row."""
+    def shard(state, rank, world_size):
+        padded = torch.cat([state["emb"], torch.zeros(1, 2, dtype=state["emb"].dtype)])
+        return {"emb": padded.chunk(world_size)[rank]}
+
+    placement = infer_placements(shard, {"emb": torch.empty(5, 2, device="meta")}, 2)["emb"]
+    assert placement == Custom(0, (Piece(0, "emb", 0, 0, 3), Piece(1, "emb", 0, 3, 2)))

@@ -380,6 +380,7 @@ class Verifier:
                       for target, placement in self._sharded_inputs(node).items())
 
     def _sharded_inputs(self, node: Node) -> dict[str, Placement]:
+        """The non-replicated parameters of this layer the op depends on, by name."""
         region, seen, stack, found = region_of(node.source.module), set(), [node.name], {}
         while stack:
             current = self.ref[stack.pop()]

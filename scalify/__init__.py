@@ -1,6 +1,8 @@
 """Scalify: prove that a distributed model computes what its single-device reference computes."""
 from .api import verify, verify_modules
-from .placements import Partial, Replicate, Shard
+from .capture.shard_fn import infer_placements
+from .placements import Custom, Partial, Piece, Replicate, Shard
 from .report.model import Discrepancy, Report
 
-__all__ = ["Discrepancy", "Partial", "Replicate", "Report", "Shard", "verify", "verify_modules"]
+__all__ = ["Custom", "Discrepancy", "Partial", "Piece", "Replicate", "Report", "Shard",
+           "infer_placements", "verify", "verify_modules"]

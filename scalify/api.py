@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from .capture.ranks import capture_ranks
+from .capture.shard_fn import ShardFn, infer_placements
 from .capture.tracer import capture
 from .config import Experiment, load_experiment
 from .engine import Executor, InlineExecutor, VerifyJob, executor_for
@@ -35,7 +36,8 @@ def verify_modules(reference: nn.Module, rank_module_factory: Callable[[int], nn
                    output_placements: list[Placement] | None = None, *, numeric: bool = False,
                    name: str = "modules", progress: Progress = _quiet,
                    options: VerifyOptions | None = None, capture_workers: int = 1,
-                   executor: Executor | None = None, grad: bool = False) -> Report:
+                   executor: Executor | None = None, grad: bool = False,
+                   shard_fn: ShardFn | None = None) -> Report:
     """Prove that `rank_module_factory(r)` for r < world_size computes what `reference` computes.
 
     `example_inputs` are reference-shaped tensors (meta, fake or real) passed to both forwards
@@ -45,6 +47,9 @@ def verify_modules(reference: nn.Module, rank_module_factory: Callable[[int], nn
     (default: inline) proves the segments. With `grad`, both are captured with autograd on, so
     modules that return gradients (see `scalify.steps.training_step`) have their backward
     pass verified too.
+    (default: inline) proves the segments. `shard_fn(reference_state, rank, world_size) ->
+    rank_state`, a checkpoint sharding function, states the parameters' placements instead
+    (read by `infer_placements`; `param_placements` still override it).
     """
     inputs = _named(example_inputs)
     input_placements = input_placements or {}
@@ -57,12 +62,16 @@ def verify_modules(reference: nn.Module, rank_module_factory: Callable[[int], nn
         grad=grad)
     timings["capture_s"] = time.perf_counter() - start
     start = time.perf_counter()
+    if shard_fn is not None:
+        state = {**dict(reference.named_parameters(remove_duplicate=False)),
+                 **dict(reference.named_buffers())}
+        param_placements = {**infer_placements(shard_fn, state, world_size), **(param_placements or {})}
     placements = {**(param_placements or {}), **input_placements}
     options = options or VerifyOptions()
     symbolic, symmetry = None, "off"
     if options.rank_symmetry:
         symbolic, symmetry = (symbolic_program(rank_graphs) if even_placements(placements, world_size)
-                              else (None, "a placement repeats chunks across ranks"))
+                              else (None, "a placement repeats chunks across ranks or is Custom"))
     # The per-rank graph is needed to verify without symmetry and to run the numbers.
     dist = merge_ranks(rank_graphs) if symbolic is None or numeric else None
     outputs = output_placements or [Replicate()] * len(ref_graph.outputs)
@@ -103,7 +112,8 @@ def verify(config: str | os.PathLike | dict | Experiment, *, numeric: bool | Non
         options=VerifyOptions(window_depth=experiment.verify.window_depth,
                               memo=experiment.verify.memo, memo_store=experiment.verify.memo_store,
                               rank_symmetry=experiment.verify.rank_symmetry),
-        executor=executor or executor_for(experiment.engine), grad=programs.grad)
+        executor=executor or executor_for(experiment.engine), grad=programs.grad,
+        shard_fn=programs.shard_fn)
     report.config = experiment.to_dict()
     if experiment.tracking.enabled:
         from .tracking import log_run

@@ -23,6 +23,7 @@ LOGITS_MODES = ("gathered", "vocab_parallel")
 HARDWARE_TARGETS = ("gpu", "neuron")
 ENGINE_KINDS = ("auto", "inline", "ray")
 FAMILIES = tuple(sorted({preset.family for preset in PRESETS.values()}))
+_FUNCTION_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,9 @@ class PlanSpec:
 
     Style "megatron" uses Scalify's Megatron-style rank models; style "dtensor" applies
     `dtensor_plan` to the HuggingFace model with torch's `parallelize_module` (its logits follow
-    the plan's lm_head entry, so `logits` is not used).
+    the plan's lm_head entry, so `logits` is not used). `fused` uses fused qkv/gate_up layouts
+    (llama); `shard_fn` ("module.path:function") is a checkpoint sharding function that states
+    the parameters' relations.
     """
 
     style: str = "megatron"
@@ -52,6 +55,8 @@ class PlanSpec:
     logits: str = "gathered"
     planted_bug: str | None = None
     dtensor_plan: DTensorPlan | None = None
+    fused: bool = False
+    shard_fn: str | None = None
 
 
 @dataclass(frozen=True)
@@ -252,6 +257,12 @@ def _optional_text(value: Any, where: _Where) -> str | None:
     return None if value is None else _text(value, where)
 
 
+def _function_path(value: Any, where: _Where) -> str:
+    if not isinstance(value, str) or not _FUNCTION_PATH.match(value):
+        raise where.error(f"expected 'module.path:function', got {_show(value)}")
+    return value
+
+
 def _choice(*options: str) -> Checker:
     """A checker that accepts exactly one of `options`."""
 
@@ -307,6 +318,8 @@ _SCHEMAS: dict[type, dict[str, Checker]] = {
         "logits": _choice(*LOGITS_MODES),
         "planted_bug": _optional_text,
         "dtensor_plan": _dtensor_plan,
+        "fused": _boolean,
+        "shard_fn": lambda value, where: None if value is None else _function_path(value, where),
     },
     HardwareSpec: {"name": _text, "target": _choice(*HARDWARE_TARGETS), "devices": _positive_int},
     InputSpec: {"batch": _positive_int, "seq": _positive_int},
@@ -428,6 +441,9 @@ def load_experiment(source: str | os.PathLike | dict) -> Experiment:
         raise sections["plan"][0]["data_parallel"][1].error(
             "data parallelism combined with tensor parallelism (a 2-D mesh) is not supported yet: "
             "set tensor_parallel or data_parallel to 1")
+    if plan.fused and model.family != "llama":
+        raise sections["plan"][0]["fused"][1].error(
+            f"fused layouts exist for llama, not {model.family!r}")
     if hardware.devices != world:
         raise sections["hardware"][0]["devices"][1].error(
             f"{hardware.devices} devices do not match the plan's world size {world} "

@@ -61,3 +61,35 @@ class Partial(Placement):
 
     def __str__(self) -> str:
         return f"Partial({self.op})"
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Indices [ref_start, ref_start + size) of the reference tensor along the layout's dim are
+    indices [local_start, local_start + size) of rank `rank`'s tensor `local` (its name in the
+    rank's module, which may differ from the reference's, e.g. a fused `qkv_proj.weight`)."""
+
+    rank: int
+    local: str
+    local_start: int
+    ref_start: int
+    size: int
+
+
+@dataclass(frozen=True)
+class Custom(Placement):
+    """The reference tensor is assembled along `dim` from pieces of rank tensors (fused and
+    interleaved layouts). Pieces must cover every index; pieces covering the same indices are
+    replicas, and a rank tensor may hold pieces of several reference tensors."""
+
+    dim: int
+    pieces: tuple[Piece, ...]
+
+    def __str__(self) -> str:
+        held: dict[str, list[str]] = {}
+        for p in sorted(self.pieces, key=lambda p: (p.ref_start, p.rank)):
+            held.setdefault(p.local, []).append(
+                f"r{p.rank}[{p.local_start}:{p.local_start + p.size}]")
+        parts = [f"{local} {' '.join(spans[:4])}{' ...' if len(spans) > 4 else ''}"
+                 for local, spans in held.items()]
+        return f"Custom({self.dim}, {'; '.join(parts)})"

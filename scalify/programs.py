@@ -25,6 +25,7 @@ class Programs:
     outputs: list[Placement]
     grad: bool = False  # the programs compute gradients
     input_placements: dict[str, Placement] = field(default_factory=dict)
+    shard_fn: Callable | None = None  # a checkpoint sharding function stating the placements
 
 
 def programs_for(experiment: Experiment) -> Programs:
@@ -63,19 +64,25 @@ def _dtensor(experiment: Experiment, hf_config, reference_step: Step,
 
 def _tensor_parallel(experiment: Experiment, hf_config, reference_step: Step,
                      inputs: dict[str, torch.Tensor], names: list[str]) -> Programs:
-    from .parallel import build_rank_model, finalize_grads, param_placements
+    from .parallel import build_rank_model, finalize_grads, param_placements, shard_function
 
     plan, family, world = experiment.plan, experiment.model.family, experiment.world_size()
-    placements = param_placements(family, hf_config, world, planted_bug=plan.planted_bug)
+    shard_fn = shard_function(family, hf_config, fused=plan.fused, path=plan.shard_fn,
+                              planted_bug=plan.planted_bug)
+    placements = {} if shard_fn else param_placements(family, hf_config, world,
+                                                      planted_bug=plan.planted_bug)
 
     def rank_model(rank: int) -> nn.Module:
         return build_rank_model(family, hf_config, rank, world, logits=plan.logits,
-                                planted_bug=plan.planted_bug,
+                                planted_bug=plan.planted_bug, fused=plan.fused,
                                 sequence_parallel=plan.sequence_parallel)
 
     if not experiment.verify.backward:
         logits = Replicate() if plan.logits == "gathered" else Shard(-1)
-        return Programs(reference_step, rank_model, inputs, placements, [logits])
+        return Programs(reference_step, rank_model, inputs, placements, [logits],
+                        shard_fn=shard_fn)
+    if shard_fn is not None:
+        raise ConfigError("verify.backward is not supported with fused layouts or shard_fn yet")
     step = training_step(rank_loss, names, finalize_grads)
     return Programs(reference_step, lambda rank: Step(rank_model(rank), step), inputs, placements,
                     [Replicate(), *(placements[name] for name in names)], grad=True)

@@ -194,8 +194,8 @@ X = "configs/experiments/x.yaml"
         (
             MINIMAL + "overrides: {plan.tp: 2}\n",
             f"{X}: overrides.plan.tp: unknown key (expected one of: data_parallel, dtensor_plan, "
-            "logits, micro_batches, planted_bug, sequence_parallel, style, tensor_parallel, "
-            "zero_stage)",
+            "fused, logits, micro_batches, planted_bug, sequence_parallel, shard_fn, style, "
+            "tensor_parallel, zero_stage)",
         ),
         (
             MINIMAL + "overrides: {layers: 2}\n",
@@ -212,6 +212,15 @@ X = "configs/experiments/x.yaml"
             " (tensor_parallel=8, data_parallel=1)",
         ),
         (MINIMAL + "name: 7\n", f"{X}: name: expected a non-empty string, got 7"),
+        (MINIMAL + "overrides: {plan.fused: yes please}\n", f"{X}: overrides.plan.fused: expected true or false"),
+        (
+            MINIMAL + "overrides: {plan.shard_fn: my_converter.shard}\n",
+            f"{X}: overrides.plan.shard_fn: expected 'module.path:function', got 'my_converter.shard'",
+        ),
+        (
+            "model: gpt2-tiny\nplan: {tensor_parallel: 2, fused: true}\nhardware: gpu-2\n",
+            f"{X}: plan.fused: fused layouts exist for llama, not 'gpt2'",
+        ),
         ("model: llama-tiny\nplan: [megatron\n", f"{X}:3: malformed YAML: "),
         ("- model\n- plan\n", f"{X}: expected a mapping, got ['model', 'plan']"),
         ("", f"{X}: expected a mapping, got None"),

@@ -138,7 +138,7 @@ class ParallelLlamaDecoderLayer(nn.Module):
     def __init__(self, config: LlamaConfig, world_size: int, parts: LlamaParts) -> None:
         super().__init__()
         self.self_attn = parts.attention(config, world_size, parts)
-        self.mlp = ParallelLlamaMLP(config, world_size, parts)
+        self.mlp = parts.mlp(config, world_size, parts)
         self.input_layernorm = parts.norm()(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = parts.norm()(config.hidden_size, eps=config.rms_norm_eps)
 
@@ -217,7 +217,8 @@ class LlamaParts:
     q_proj: type[ColumnParallelLinear] = ColumnParallelLinear
     o_proj: type[RowParallelLinear] = RowParallelLinear
     down_proj: type[RowParallelLinear] = RowParallelLinear
-    attention: type[ParallelLlamaAttention] = ParallelLlamaAttention
+    attention: type[nn.Module] = ParallelLlamaAttention
+    mlp: type[nn.Module] = ParallelLlamaMLP
     kv_head_of_rank: Callable[[int, int, int], int] = kv_head_of_rank
     sequence_parallel: bool = False
     final_norm: type[LlamaRMSNorm] | None = None  # default: as the layers' norms

@@ -48,6 +48,8 @@ PLANTED_BUGS: dict[str, str] = {
                         "over micro-batches and ranks (not weighted by tokens)",
     "dp-grads-averaged": "data parallel: gradients of a loss already normalised by the global "
                          "token count are divided by the number of ranks",
+    "fused-plain-column-shard": "fused llama's shard function cuts [q; k; v] into equal row blocks, "
+                                "not per head group",
 }
 DATA_PARALLEL_BUGS = ("dp-mean-of-means", "dp-grads-averaged")
 
@@ -191,3 +193,13 @@ def data_parallel_step(planted_bug: str | None, names: tuple[str, ...], micro_ba
         raise ConfigError(f"planted bug {planted_bug!r} does not apply to data parallelism; "
                           f"known: {', '.join(DATA_PARALLEL_BUGS)}")
     return _DATA_PARALLEL_STEPS[planted_bug](names, micro_batches, zero_stage)
+def plain_column_qkv_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rank: int,
+                          world_size: int, config: object) -> torch.Tensor:
+    """The fused [q; k; v] weight cut like one column-parallel weight: rank r gets rows r*n..(r+1)*n."""
+    fused = torch.cat([q, k, v])
+    rows = fused.shape[0] // world_size
+    return fused[rank * rows:(rank + 1) * rows]  # planted: fused-plain-column-shard
+
+
+PLANTED_QKV_ROWS = {"fused-plain-column-shard": plain_column_qkv_rows}
+"""Bugs in the fused layout's shard function: the qkv rows function they plant."""

@@ -4,6 +4,8 @@ Every rule is size-free except where the concat's own part sizes say what a slic
 """
 from __future__ import annotations
 
+import torch
+
 from .base import Rule
 from .examples import concat_parts, tensor
 
@@ -43,6 +45,13 @@ def _adjacent(gen, choice):
     return {"x": x, "d": 1, "a": 1, "b": 3, "c": 5, "na": 2, "nb": 2, "q": x.narrow(1, 3, 2)}
 
 
+def _regroup(gen, choice):
+    """Three parts along dim 1 and `x`, the concatenation of the first two."""
+    a, b, c = tensor(gen, 3, 1), tensor(gen, 3, 2), tensor(gen, 3, 4)
+    return {"a": a, "b": b, "c": c, "x": torch.cat([a, b], 1), "d": 1, "na": 1, "nb": 2, "nc": 4,
+            "m": 6}
+
+
 def _sliced(**extra):
     def example(gen, choice):
         return {"x": tensor(gen, 4, 6, 1, 3), "y": tensor(gen, 4, 6, 1, 3), **extra}
@@ -63,6 +72,14 @@ def _slice_rules() -> list[Rule]:
                 _sliced(d=1, s=2, e=5, k=2)),
         outward("squeeze-slice-after", "squeeze {x} k", "squeeze x k", "(- d 1)", ("(> d k)",),
                 _sliced(d=3, s=1, e=2, k=2)),
+        outward("split-slice-before", "split {x} k i", "split x k i", "d", ("(< d k)",),
+                _sliced(d=1, s=2, e=5, k=3, i=3)),
+        outward("split-slice-after", "split {x} k i", "split x k i", "(+ d 1)", ("(> d k)",),
+                _sliced(d=1, s=2, e=5, k=0, i=2)),
+        outward("merge-slice-before", "merge {x} k i", "merge x k i", "d", ("(< d k)",),
+                _sliced(d=1, s=2, e=5, k=2, i=3)),
+        outward("merge-slice-after", "merge {x} k i", "merge x k i", "(- d 1)", ("(> d (+ k 1))",),
+                _sliced(d=3, s=0, e=2, k=0, i=6)),
         outward("expand-slice", "expand {x} k n", "expand x k n", "d", ("(!= d k)",),
                 _sliced(d=1, s=2, e=5, k=2, n=4)),
         outward("transpose-slice-first", "transpose {x} d2 e2", "transpose x d2 e2", "e2",
@@ -145,6 +162,17 @@ def rules() -> list[Rule]:
              lambda gen, c: {"a": tensor(gen, *SHAPE), "b": tensor(gen, *SHAPE), "d": 1, "s": 0,
                              "e": 2, "n": SHAPE[1]},
              when=("(= n (dimsize a d))", "(< e n)"), trigger="(slice (psum a b) d s e)"),
+        Rule("slice-slice", "(slice (slice x d s e) d s2 e2)", "(slice x d (+ s s2) (+ s e2))",
+             lambda gen, c: {"x": tensor(gen, *SHAPE), "d": 1, "s": 1, "e": 5, "s2": 1, "e2": 3}),
+        # A slice inside the groups of a split picks a strided set of rows: peel one group off.
+        Rule("slice-split-groups-peel", "(slice (split x d i) e s t)",
+             "(concat (unsqueeze (slice x d s t) d) (slice (split (slice x d i n) d i) e s t) "
+             "d 1 (- (/ n i) 1))",
+             lambda gen, c: {"x": tensor(gen, 4, 6, 3), "d": 1, "i": 2, "n": 6, "e": 2, "s": 0, "t": 1},
+             when=("(= e (+ d 1))", "(= (dimsize x d) n)", "(> n i)", "(<= t i)")),
+        Rule("slice-split-one-group", "(slice (split x d i) e s t)", "(unsqueeze (slice x d s t) d)",
+             lambda gen, c: {"x": tensor(gen, 4, 2, 3), "d": 1, "i": 2, "e": 2, "s": 1, "t": 2},
+             when=("(= e (+ d 1))", "(= (dimsize x d) i)")),
         Rule("slice-whole", "(slice x d 0 n)", "x",
              lambda gen, c: {"x": tensor(gen, *SHAPE), "d": 1, "n": SHAPE[1]},
              when=("(= (dimsize x d) n)",)),
@@ -181,6 +209,12 @@ def rules() -> list[Rule]:
              lambda gen, c: {"a": tensor(gen, 3, 1), "b": tensor(gen, 3, 2), "c": tensor(gen, 3, 4),
                              "d": 1, "na": 1, "nb": 2, "m": 3, "nc": 4},
              when=("(= m (+ na nb))",)),
+        # Associativity only towards groupings already present (a rank's own concat of its
+        # pieces), so a flat chain of pieces finds the ranks' tensors without enumerating them all.
+        Rule("concat-regroup", "(concat a (concat b c d nb nc) d na m)",
+             "(concat x c d (+ na nb) nc)",
+             _regroup,
+             when=("(= x (concat a b d na nb))",)),
         Rule("squeeze-upper-unit-dim", "(squeeze x d)", "(squeeze x e)",
              lambda gen, c: {"x": tensor(gen, 4, 1, 1, 3), "d": 1, "e": 2},
              when=("(= e (+ d 1))", "(= (dimsize x e) 1)")),
@@ -197,10 +231,12 @@ def rules() -> list[Rule]:
 
 
 # Shape facts the size-dependent rules read: a concat's parts have the sizes it records, an
-# unsqueezed dim has size 1, and a partial sum has its parts' sizes.
+# unsqueezed dim has size 1, a partial sum has its parts' sizes, and a slice's dim the size it
+# selects.
 FACT_RULES = (
     "(rule ((= t (concat a b d na nb))) "
     "((set (dimsize a d) na) (set (dimsize b d) nb) (set (dimsize t d) (+ na nb))) :ruleset lemmas)",
     "(rule ((= t (unsqueeze x d))) ((set (dimsize t d) 1)) :ruleset lemmas)",
     "(rule ((= t (psum a b)) (= n (dimsize a d))) ((set (dimsize t d) n)) :ruleset lemmas)",
+    "(rule ((= t (slice x d s e))) ((set (dimsize t d) (- e s))) :ruleset lemmas)",
 )

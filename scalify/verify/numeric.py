@@ -14,6 +14,7 @@ from ..ir.distributed import DistributedGraph
 from ..ir.graph import Graph, Node
 from ..ir.ops import OPS
 from ..placements import Partial, Placement, Replicate, Shard
+from .custom import held_values
 
 _FLOATS = {"float32", "float16", "bfloat16", "float64"}
 IGNORE_INDEX = -100  # the target id a loss skips
@@ -110,8 +111,11 @@ def cross_check(ref: Graph, dist: DistributedGraph, placements: dict[str, Placem
     """Max relative error between the reference outputs and the assembled rank outputs."""
     ref_env = random_inputs(ref, seed)
     ref_values = run_graph(ref, ref_env)
-    dist_env = {}
+    dist_env = held_values(placements, ref_env,
+                           {n.name: n.shape for n in dist.graph.placeholders()})
     for node in dist.graph.placeholders():
+        if node.name in dist_env:
+            continue
         rank, target = dist.rank_of(node.name), node.attr("target")
         placement = placements.get(target, Replicate())
         dist_env[node.name] = _rank_value(ref_env[target], placement, rank, dist.world_size)

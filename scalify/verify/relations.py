@@ -113,9 +113,9 @@ def family_relation(target: str, placement: Placement, ref_shape: Shape, name: s
 
 
 def even_placements(placements: dict[str, Placement], world: int) -> bool:
-    """Whether every placement is expressible over a rank family (no repeated chunks)."""
-    return all(not isinstance(p, Shard) or list(p.chunks(world)) == list(range(world))
-               for p in placements.values())
+    """Whether every placement is expressible over a rank family (no repeated chunks or pieces)."""
+    return all(isinstance(p, (Replicate, Partial)) or isinstance(p, Shard)
+               and list(p.chunks(world)) == list(range(world)) for p in placements.values())
 
 
 def _expect_shapes(target: str, placement: Placement, got: list[Shape], want: list[Shape]) -> None:

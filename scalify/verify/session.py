@@ -11,12 +11,16 @@ from .store import MemoStore
 
 _LEAF = re.compile(r'\(dist "([^"]+)"\)')
 _SAME = re.compile(r'\(same "([^"]+)" "([^"]+)"\)')
+_SLICED = re.compile(r'\(union \(dist "([^"]+)"\) \(slice ')
+_PARTIAL_REPLICA = re.compile(r'^\(union .*(\(dist "[^"]+"\)).* \1\)$', re.M)
 
 
 @dataclass(frozen=True)
 class Outcome:
     """What saturation found for `$y`: the cheapest term, the rank tensors equal to it, and for
-    each rank tensor in the term the others equal to it (`(name, other)` pairs)."""
+    each rank tensor in the term the others equal to it (`(name, other)` pairs). When the window
+    states a partial replica (a rank tensor equal to itself with a piece from another rank, as
+    Custom layouts do), the slices in the window are probed too: they find the replicated pieces."""
 
     term: str
     same: tuple[str, ...]
@@ -117,7 +121,8 @@ class EgglogSession:
                 f"{_batched(program)}\n{self._schedule()}\n(print-size)\n(extract $y)"))
             self._measure(outputs)
             term = str(outputs[-1]).strip()
-            names = list(dict.fromkeys(_LEAF.findall(term)))
+            sliced = _SLICED.findall(program) if _PARTIAL_REPLICA.search(program) else []
+            names = list(dict.fromkeys(_LEAF.findall(term) + sliced))
             targets = " ".join(f'(target (dist "{n}") "{n}")' for n in names)
             probe = (f'(rule () ((target $y "$y") {targets}) :ruleset window)\n(run window 1)\n'
                      "(run probe 1)\n(print-function same 1000000)")

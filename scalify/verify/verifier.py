@@ -17,10 +17,11 @@ from ..errors import ShapeError
 from ..ir.distributed import DistributedGraph, constant_terms
 from ..ir.graph import Graph, Node, SourceLoc
 from ..ir.ops import OPS
-from ..placements import Placement, Replicate
+from ..placements import Custom, Placement, Replicate
 from ..report.model import Discrepancy
 from ..rules.families import LINEAR_UNARY_OPS
 from ..rules.terms import App, is_relational, leaves, op_key, parse, render
+from .custom import custom_relation
 from .encode import encode
 from .relations import (Relation, describe, expected_output, family_relation,
                         from_placement, leaf)
@@ -211,6 +212,9 @@ class Verifier:
     def _input_relation(self, node: Node, placements: dict[str, Placement]) -> Relation:
         target = node.attr("target")
         placement = placements.get(target, Replicate())
+        if isinstance(placement, Custom):  # never symbolic: even_placements rules it out
+            return custom_relation(target, placement, node.shape, lambda name: (
+                self.dist.graph[name].shape if name in self.dist.graph else None))
         if self.dist.symbolic:
             name = f"r0/{target}"
             if name not in self.dist.graph:
@@ -362,7 +366,7 @@ class Verifier:
             same_op = [n for n in lowest if self.dist.graph[n].op == node.op]
             chosen = (same_op or lowest or [None])[0]
             primary = self.dist.graph[chosen].source if chosen else SourceLoc()
-            hint = _hint(node, found)
+            hint = _hint(node, found) + _layout_hint(self._sharded_inputs(node))
         nearby = list(dict.fromkeys(self.dist.graph[n].source for n in lowest))[:10]
         return Discrepancy(node.op, node.name, node.source.module, node.source, primary,
                            found=describe(found, self.labels),
@@ -373,7 +377,12 @@ class Verifier:
     def _sharded_parameters(self, node: Node) -> list[str]:
         """Placements (and where they were declared) of the sharded parameters of this layer
         that the op depends on: a wrong placement shows up here, not on a line of the graph."""
-        region, seen, stack, found = region_of(node.source.module), set(), [node.name], []
+        return sorted(f"{target}: {placement} (declared at {placement.declared_at})"
+                      for target, placement in self._sharded_inputs(node).items())
+
+    def _sharded_inputs(self, node: Node) -> dict[str, Placement]:
+        """The non-replicated parameters of this layer the op depends on, by name."""
+        region, seen, stack, found = region_of(node.source.module), set(), [node.name], {}
         while stack:
             current = self.ref[stack.pop()]
             if current.name in seen:
@@ -382,11 +391,10 @@ class Verifier:
             if current.op == "placeholder":
                 placement = self.placements.get(current.attr("target"), Replicate())
                 if not isinstance(placement, Replicate):
-                    found.append(f"{current.attr('target')}: {placement} (declared at "
-                                 f"{placement.declared_at})")
+                    found[current.attr("target")] = placement
             elif region_of(current.source.module) == region:
                 stack.extend(current.inputs)
-        return sorted(found)
+        return found
 
     def _output_discrepancy(self, node: Node, relation: Relation, placement: Placement,
                             rank_outputs: list[str]) -> Discrepancy:
@@ -409,6 +417,15 @@ def _inherited(inputs: list[Relation], mentioned: set[str]) -> tuple[tuple[str, 
             if name in mentioned or mentioned.intersection(leaves(parse(term))):
                 kept.append((term, name))
     return tuple(dict.fromkeys(kept))
+
+
+def _layout_hint(inputs: dict[str, Placement]) -> str:
+    """For Custom (fused) layouts: where they were stated, e.g. a sharding function's line."""
+    stated = sorted({p.declared_at for p in inputs.values() if isinstance(p, Custom)})
+    if not stated:
+        return ""
+    return (f"; or the layout the ranks hold (stated at {', '.join(stated)}) differs from the one "
+            "their code uses")
 
 
 def _label(node: Node, ranks: str) -> str:

@@ -5,10 +5,11 @@ LAYERS_FIELD = {"llama": "model.num_hidden_layers", "gpt2": "model.n_layer"}
 
 def experiment(model: str, family: str, tp: int, *, layers: int = 1, logits: str = "gathered",
                bug: str | None = None, rank_symmetry: bool = True, batch: int = 1,
-               **model_fields: int) -> dict:
+               fused: bool = False, shard_fn: str | None = None, **model_fields: int) -> dict:
     overrides = {LAYERS_FIELD[family]: layers, **{f"model.{k}": v for k, v in model_fields.items()}}
     return {"model": model,
-            "plan": {"style": "megatron", "tensor_parallel": tp, "logits": logits, "planted_bug": bug},
+            "plan": {"style": "megatron", "tensor_parallel": tp, "logits": logits, "planted_bug": bug,
+                     "fused": fused, "shard_fn": shard_fn},
             "hardware": {"name": f"gpu-{tp}", "target": "gpu", "devices": tp},
             "inputs": {"batch": batch, "seq": 8}, "overrides": overrides,
             "verify": {"rank_symmetry": rank_symmetry}}

@@ -80,9 +80,11 @@ class InputSpec:
 class VerifyOptions:
     """Verifier switches: numeric cross-check, proof memoisation (and its persistent SQLite store,
     shared by runs), e-graph window depth; `backward` verifies one training step (the loss and
-    every parameter's gradient) instead of the forward logits."""
+    every parameter's gradient) instead of the forward logits; `loss` verifies the forward up to
+    the loss (no gradients)."""
 
     backward: bool = False
+    loss: bool = False
     numeric: bool = False
     memo: bool = True
     memo_store: str | None = None
@@ -323,7 +325,7 @@ _SCHEMAS: dict[type, dict[str, Checker]] = {
     },
     HardwareSpec: {"name": _text, "target": _choice(*HARDWARE_TARGETS), "devices": _positive_int},
     InputSpec: {"batch": _positive_int, "seq": _positive_int},
-    VerifyOptions: {"backward": _boolean, "numeric": _boolean, "memo": _boolean, "memo_store": _optional_text,
+    VerifyOptions: {"backward": _boolean, "loss": _boolean, "numeric": _boolean, "memo": _boolean, "memo_store": _optional_text,
                     "window_depth": _positive_int, "rank_symmetry": _boolean},
     TrackingSpec: {"enabled": _boolean, "uri": _text, "experiment": _text},
     EngineSpec: {"kind": _choice(*ENGINE_KINDS), "address": _optional_text, "actors": _positive_int},

@@ -34,10 +34,15 @@ class Cell:
     gap: str | None = None  # why this correct configuration is not provable yet
     batch: int = 1
     rank_symmetry: bool = True
+    loss: bool = False  # forward up to the loss
+
+    @property
+    def step(self) -> str:
+        return "backward" if self.backward else "loss" if self.loss else "forward"
 
     @property
     def name(self) -> str:
-        step = "backward" if self.backward else "forward"
+        step = self.step
         kind = f"bug {self.bug}" if self.bug else "per-rank" if not self.rank_symmetry else "correct"
         return f"{self.family}/{self.plan}/{step}/{kind}"
 
@@ -51,7 +56,8 @@ class Cell:
                 "plan": {"tensor_parallel": 1, **dict(self.plan_fields), "planted_bug": self.bug},
                 "hardware": {"name": f"gpu-{world}", "target": "gpu", "devices": world},
                 "inputs": {"batch": self.batch, "seq": 8}, "overrides": {_LAYERS[self.family]: 1},
-                "verify": {"backward": self.backward, "rank_symmetry": self.rank_symmetry}}
+                "verify": {"backward": self.backward, "loss": self.loss,
+                           "rank_symmetry": self.rank_symmetry}}
 
 
 def _cells() -> list[Cell]:
@@ -61,6 +67,10 @@ def _cells() -> list[Cell]:
     zero2 = (("data_parallel", 2), ("zero_stage", 2))
     micro = (("data_parallel", 2), ("micro_batches", 2))
     hf = (("style", "dtensor"), ("tensor_parallel", 2), ("dtensor_plan", "hf"))
+    vocab2 = (("tensor_parallel", 2), ("logits", "vocab_parallel"))
+    vocab4 = (("tensor_parallel", 4), ("logits", "vocab_parallel"))
+    ce_bugs = ("ce-target-mask-off-by-one", "ce-max-not-allreduced", "ce-sum-not-allreduced",
+               "ce-loss-scaled-by-tp")
     return [
         Cell("llama", "TP2", False, tp2),
         Cell("gpt2", "TP2", False, tp2),
@@ -79,6 +89,10 @@ def _cells() -> list[Cell]:
         Cell("llama", "DP2", True, dp2, bug="dp-mean-of-means", batch=2),
         Cell("llama", "DP2", True, dp2, bug="dp-grads-averaged", batch=2),
         Cell("llama", "DTensor hf TP2", False, hf, bug="dtensor-global-heads-reshape"),
+        Cell("llama", "TP2 vocab-parallel loss", False, vocab2, loss=True),
+        Cell("llama", "TP4 vocab-parallel loss", False, vocab4, loss=True),
+        *(Cell("llama", "TP2 vocab-parallel loss", False, vocab2, bug=bug, loss=True)
+          for bug in ce_bugs),
         Cell("gpt2", "TP2", True, tp2, gap="fused [q|k|v] gradient blocks contract across "
                                            "blocks and ranks; no rule joins them yet"),
         Cell("llama", "DP2 x2 micro-batches", True, micro, batch=4,
@@ -140,7 +154,7 @@ def _row(cell: Cell, outcome: Outcome) -> list[str]:
     numbers = "agree" if outcome.agrees else "differ"
     mark = "[green]pass[/]" if outcome.passed else "[red]FAIL[/]"
     kind = cell.bug or ("correct, per-rank" if not cell.rank_symmetry else "correct")
-    return [cell.family, cell.plan, "backward" if cell.backward else "forward", kind, expected,
+    return [cell.family, cell.plan, cell.step, kind, expected,
             found, numbers, f"{outcome.seconds:.1f}", mark]
 
 

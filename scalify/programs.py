@@ -37,12 +37,13 @@ def programs_for(experiment: Experiment) -> Programs:
     hf_config = make_hf_config(model.family, model.config)
     reference = build_reference(model.family, hf_config)
     inputs = example_inputs(model.family, experiment.inputs.batch, experiment.inputs.seq)
-    backward = experiment.verify.backward
-    if backward:
+    backward, loss = experiment.verify.backward, experiment.verify.loss
+    if backward or loss:
         inputs["labels"] = inputs["input_ids"].clone()
     names = [name for name, _ in reference.named_parameters()]
     # Models stay in eval mode: a training step is verified with dropout off.
-    reference_step = Step(reference, training_step(hf_loss, names) if backward else hf_logits)
+    run = training_step(hf_loss, names) if backward else hf_loss if loss else hf_logits
+    reference_step = Step(reference, run)
     build = (_dtensor if experiment.plan.style == "dtensor" else
              _data_parallel if experiment.plan.data_parallel > 1 else _tensor_parallel)
     return build(experiment, hf_config, reference_step, inputs, names)
@@ -77,10 +78,16 @@ def _tensor_parallel(experiment: Experiment, hf_config, reference_step: Step,
                                 planted_bug=plan.planted_bug, fused=plan.fused,
                                 sequence_parallel=plan.sequence_parallel)
 
+    if experiment.verify.loss and not experiment.verify.backward:
+        return Programs(reference_step, lambda rank: Step(rank_model(rank), rank_loss), inputs,
+                        placements, [Replicate()], shard_fn=shard_fn)
     if not experiment.verify.backward:
         logits = Replicate() if plan.logits == "gathered" else Shard(-1)
         return Programs(reference_step, rank_model, inputs, placements, [logits],
                         shard_fn=shard_fn)
+    if plan.logits == "vocab_parallel":
+        raise ConfigError("verify.backward with vocab-parallel logits (the vocab-parallel loss's "
+                          "gradient) is not supported yet: verify.loss checks its forward")
     if shard_fn is not None:
         raise ConfigError("verify.backward is not supported with fused layouts or shard_fn yet")
     step = training_step(rank_loss, names, finalize_grads)

@@ -216,11 +216,27 @@ def _sum(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Resu
     return _cast_to(b, result, out)
 
 
-@lowering("_softmax", "_log_softmax")
+@lowering("_softmax")
 def _softmax(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
     x, dim = args[0], _dim(args[1], len(args[0].shape))
-    result = b.emit("softmax" if name == "_softmax" else "log_softmax", [x], dim=dim)
-    return _cast_to(b, result, out)
+    return _cast_to(b, b.emit("softmax", [x], dim=dim), out)
+
+
+@lowering("_log_softmax")
+def _log_softmax(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    """x - max - log(sum(exp(x - max))), spelled out: a vocab-parallel loss computes the same
+    pieces across ranks (a max, a sum of exponentials, the target's shifted logit) without
+    ever forming the log-probabilities."""
+    x, dim = args[0], _dim(args[1], len(args[0].shape))
+    shifted = b.emit("sub", [x, b.broadcast(b.emit("amax", [x], dim=dim), x.shape)])
+    total = b.emit("squeeze", [b.emit("sum", [b.emit("exp", [shifted])], dim=dim)], dim=dim)
+    log_sum_exp = b.emit("log", [total])
+    result = b.emit("sub", [shifted, b.broadcast(b.emit("unsqueeze", [log_sum_exp], dim=dim),
+                                                 x.shape)])
+    result = _cast_to(b, result, out)
+    if dim == len(x.shape) - 1:
+        b.log_softmax_parts[result.name] = (shifted, log_sum_exp)
+    return result
 
 
 @lowering("native_layer_norm")
@@ -454,8 +470,14 @@ def _nll_loss(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) ->
     if weight is not None or len(logp.shape) != 2:
         raise CaptureError("aten.nll_loss_forward is supported on [tokens, classes] without weights")
     ignored, safe = _ignored(b, target, ignore_index)
-    picked = b.emit("masked_fill", [b.emit("take", [logp, safe]), ignored], value=0.0)
-    losses = b.emit("neg", [picked])
+    parts = b.log_softmax_parts.get(logp.name)
+    if parts is None:
+        losses = b.emit("neg", [b.emit("masked_fill", [b.emit("take", [logp, safe]), ignored],
+                                       value=0.0)])
+    else:  # -log p[t] = log-sum-exp - shifted[t], without the log-probabilities
+        shifted, log_sum_exp = parts
+        losses = b.emit("sub", [log_sum_exp, b.emit("take", [shifted, safe])])
+        losses = b.emit("masked_fill", [losses, ignored], value=0.0)
     counted = b.emit("cast", [b.emit("ne_scalar", [target], "bool", value=ignore_index)], "int64",
                      dtype="int64")
     count = b.emit("squeeze", [b.emit("sum", [counted], dim=0)], dim=0)

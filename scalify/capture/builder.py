@@ -25,6 +25,9 @@ class GraphBuilder:
         self.source = SourceLoc()
         self._prefix = prefix
         self._count = 0
+        # Pieces of composite values a later lowering may reuse, by the value's node name: a
+        # log-softmax's (shifted logits, log-sum-exp), so a loss picks from the shifted logits.
+        self.log_softmax_parts: dict[str, tuple[Ref, Ref]] = {}
 
     def emit(self, op: str, inputs: list[Ref], out_dtype: str | None = None, **attrs: Any) -> Ref:
         shape = infer_shape(op, [ref.shape for ref in inputs], attrs)

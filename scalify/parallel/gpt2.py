@@ -14,6 +14,7 @@ from transformers.masking_utils import create_causal_mask
 from transformers.models.gpt2.modeling_gpt2 import eager_attention_forward
 
 from scalify.errors import ConfigError
+from scalify.parallel.cross_entropy import VocabParallelCrossEntropy
 from scalify.parallel.layers import (
     ParallelCausalLM,
     ColumnParallelConv1D,
@@ -180,4 +181,5 @@ def build_gpt2_rank(
     divide(config.vocab_size, world_size, "vocab_size")
     backbone = ParallelGPT2Model(config, rank, world_size, parts)
     return ParallelCausalLM("transformer", backbone, backbone.wte, config.n_embd, config.vocab_size,
-                            world_size, tie=config.tie_word_embeddings, gather_logits=gather_logits)
+                            world_size, tie=config.tie_word_embeddings, gather_logits=gather_logits,
+                            vocab_parallel_loss=VocabParallelCrossEntropy())

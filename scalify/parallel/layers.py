@@ -5,7 +5,7 @@ layer's parameters; the collectives run on the default process group (`dist.grou
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -266,8 +266,10 @@ class ParallelCausalLM(nn.Module):
 
     def __init__(self, backbone_name: str, backbone: nn.Module, embedding: nn.Module, hidden: int,
                  vocab: int, world_size: int, *, tie: bool, gather_logits: bool,
-                 sequence_parallel: bool = False) -> None:
+                 sequence_parallel: bool = False,
+                 vocab_parallel_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> None:
         super().__init__()
+        self.vocab_parallel_loss = vocab_parallel_loss
         self.backbone_name = backbone_name
         self.add_module(backbone_name, backbone)
         self.lm_head = ColumnParallelLinear(hidden, vocab, world_size, sequence_parallel=sequence_parallel)
@@ -285,7 +287,7 @@ class ParallelCausalLM(nn.Module):
         if labels is None:
             return logits
         if not self.gather_logits:
-            raise ShapeError("the training loss needs gathered logits (plan.logits: gathered)")
+            return self.vocab_parallel_loss(logits, labels)
         return ForCausalLMLoss(logits, labels, logits.shape[-1])
 
     def finalize_grads(self, grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -20,6 +20,7 @@ from transformers.models.llama.modeling_llama import (
 )
 
 from scalify.errors import ShapeError
+from scalify.parallel.cross_entropy import VocabParallelCrossEntropy
 from scalify.parallel.layers import (
     ParallelCausalLM,
     ColumnParallelLinear,
@@ -222,6 +223,7 @@ class LlamaParts:
     kv_head_of_rank: Callable[[int, int, int], int] = kv_head_of_rank
     sequence_parallel: bool = False
     final_norm: type[LlamaRMSNorm] | None = None  # default: as the layers' norms
+    loss: type[VocabParallelCrossEntropy] = VocabParallelCrossEntropy  # on vocab-parallel logits
 
     def sequence_parallel_options(self) -> dict[str, bool]:
         """Constructor options of the sharded layers (empty without sequence parallelism)."""
@@ -243,4 +245,5 @@ def build_llama_rank(
     backbone = ParallelLlamaModel(config, rank, world_size, parts)
     return ParallelCausalLM("model", backbone, backbone.embed_tokens, config.hidden_size, config.vocab_size,
                             world_size, tie=config.tie_word_embeddings, gather_logits=gather_logits,
-                            sequence_parallel=parts.sequence_parallel)
+                            sequence_parallel=parts.sequence_parallel,
+                            vocab_parallel_loss=parts.loss())

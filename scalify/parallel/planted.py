@@ -14,6 +14,7 @@ from transformers.loss.loss_utils import ForCausalLMLoss
 from transformers.models.llama.modeling_llama import repeat_kv
 
 from scalify.errors import ConfigError
+from scalify.parallel.cross_entropy import VocabParallelCrossEntropy
 from scalify.parallel.data import DataParallelStep, sum_over_ranks
 from scalify.parallel.gpt2 import GPT2Parts, ParallelGPT2Attention
 from scalify.parallel.layers import (
@@ -52,6 +53,13 @@ PLANTED_BUGS: dict[str, str] = {
                                 "not per head group",
 }
 DATA_PARALLEL_BUGS = ("dp-mean-of-means", "dp-grads-averaged")
+PLANTED_BUGS.update({
+    "ce-target-mask-off-by-one": "vocab-parallel loss: a rank keeps target class `end`, which "
+                                 "belongs to the next rank",
+    "ce-max-not-allreduced": "vocab-parallel loss: each rank shifts its logits by its own max",
+    "ce-sum-not-allreduced": "vocab-parallel loss: the sum of exponentials is not all-reduced",
+    "ce-loss-scaled-by-tp": "vocab-parallel loss: the mean is divided by the tensor-parallel size",
+})
 
 
 class RowLinearWithoutAllReduce(RowParallelLinear):
@@ -151,6 +159,26 @@ class SplitGradColumnLinear(ColumnParallelLinear):
         return F.linear(_GatherSequenceSplitGrad.apply(x), self.weight, self.bias)
 
 
+class OffByOneTargetLoss(VocabParallelCrossEntropy):
+    def outside(self, target: torch.Tensor, start: int, end: int) -> torch.Tensor:
+        return (target < start) | (target > end)  # planted: ce-target-mask-off-by-one
+
+
+class LocalMaxLoss(VocabParallelCrossEntropy):
+    def global_max(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits.amax(-1, keepdim=True).detach()  # planted: ce-max-not-allreduced
+
+
+class LocalSumLoss(VocabParallelCrossEntropy):
+    def sum_of_exp(self, shifted: torch.Tensor) -> torch.Tensor:
+        return shifted.exp().sum(-1)  # planted: ce-sum-not-allreduced
+
+
+class TensorParallelScaledLoss(VocabParallelCrossEntropy):
+    def mean(self, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return losses.sum() / (labels != -100).sum() / dist.get_world_size()  # planted: ce-loss-scaled-by-tp
+
+
 PLANTED_PARTS: dict[str, dict[str, LlamaParts | GPT2Parts]] = {
     "missing-allreduce": {"llama": LlamaParts(o_proj=RowLinearWithoutAllReduce)},
     "global-heads-reshape": {"gpt2": GPT2Parts(attention=GlobalHeadsGPT2Attention)},
@@ -165,6 +193,10 @@ PLANTED_PARTS: dict[str, dict[str, LlamaParts | GPT2Parts]] = {
     "gqa-wrong-kv-head": {"llama": LlamaParts(kv_head_of_rank=kv_head_of_rank_modulo)},
     "sp-norm-grad-unreduced": {"llama": LlamaParts(final_norm=UnreducedGradRMSNorm)},
     "sp-gather-grad-not-reduced": {"llama": LlamaParts(q_proj=SplitGradColumnLinear)},
+    "ce-target-mask-off-by-one": {"llama": LlamaParts(loss=OffByOneTargetLoss)},
+    "ce-max-not-allreduced": {"llama": LlamaParts(loss=LocalMaxLoss)},
+    "ce-sum-not-allreduced": {"llama": LlamaParts(loss=LocalSumLoss)},
+    "ce-loss-scaled-by-tp": {"llama": LlamaParts(loss=TensorParallelScaledLoss)},
 }
 """For each bug, the parts that plant it, per model family it applies to."""
 

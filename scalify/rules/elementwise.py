@@ -62,6 +62,12 @@ def rules() -> list[Rule]:
              "(concat (binary f (expand z d na) a) (binary f (expand z d nb) b) d na nb)",
              _broadcast_example, families={"f": BINARY_KEYS}),
         *_shape_op_rules(),
+        # Negated losses: -(a - b) = b - a, and negation keeps zero fills.
+        Rule("negated-difference", '(unary "neg" (binary "sub" a b))', '(binary "sub" b a)',
+             _psum_example),
+        Rule("negation-over-zero-fill", '(unary "neg" (masked_fill x m "0.0"))',
+             '(masked_fill (unary "neg" x) m "0.0")',
+             lambda gen, c: {"x": tensor(gen, *SHAPE), "m": tensor(gen, *SHAPE) > 0}),
         Rule("additive-over-psums", "(binary f (psum a b) (psum x y))",
              "(psum (binary f a x) (binary f b y))", _psum_example, when=("(additive f)",),
              families={"f": ADDITIVE}),

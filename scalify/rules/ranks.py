@@ -90,7 +90,7 @@ def _row_wise() -> list[Rule]:
     def rows(gen, choice):
         return {"x": family(gen, 2, 3, 5), "g": family(gen, 2, 3),
                 "t": Family(torch.randint(0, 5, (2, 3), generator=gen) for _ in range(WORLD)),
-                "d": 0, "s": 2, "v": 5}
+                "d": 0, "s": 2, "v": 5, "k": 2}
 
     return [
         Rule("compare-over-rcat", "(cmp_int f (rcat x d s) v)", "(rcat (cmp_int f x v) d s)",
@@ -112,7 +112,8 @@ def _row_wise() -> list[Rule]:
              lambda gen, c: {"g": family(gen, 2, 3, 4), "d": 0, "s": 2, "v": 5,
                              "t": Family(torch.randint(0, 5, (2, 3), generator=gen)
                                          for _ in range(WORLD))}),
-        Rule("take-over-rcats", "(take (rcat x d s) (rcat t d s))", "(rcat (take x t) d s)", rows),
+        Rule("take-over-rcats", "(take (rcat x d s) (rcat t d s) k)", "(rcat (take x t k) d s)",
+             rows, when=("(< d k)",)),
         Rule("untake-over-rcats", "(untake (rcat g d s) (rcat t d s) v)",
              "(rcat (untake g t v) d s)", rows),
     ]
@@ -254,7 +255,21 @@ def _embedding() -> list[Rule]:
     grad_lookup = ('(embedding_grad (masked_fill g (expand (unsqueeze m k) k h) "0.0") '
                    '(masked_fill (add_int_r ids a b) m "0") s)')
     rank_range = "(embed_grad_rrange g ids s)"
+    def classes(gen, choice):
+        rows = 4
+        index = torch.randint(0, rows * WORLD, (2, 5), generator=gen)
+        return {"x": family(gen, 2, 5, rows), "t": index, "s": rows, "k": 2, "a": -rows, "b": 0,
+                "m": _rank_mask(index, rows)}
+
+    picked = '(masked_fill (take x (masked_fill (add_int_r t a b) m "0") k) m "0.0")'
     return [
+        # A vocab-parallel loss: each rank picks the target's logit among the classes it holds
+        # (zero elsewhere); summed over ranks that is the pick from the whole class dim.
+        Rule("take-over-rcat-classes", "(take (rcat x k s) t k)", "(rsum (take_rrange x t s k))",
+             classes, when=("(inv t)",)),
+        Rule("masked-rank-take", picked, "(take_rrange x t s k)", classes,
+             when=('(= m (binary "bitwise_or" (cmp_int_r "lt" t s 0) (cmp_int_r "ge" t s s)))',
+                   "(= a (- 0 s))", "(= b 0)", "(= s (dimsize x k))")),
         Rule("embedding-over-rcat-ids", "(embedding w (rcat ids d s))",
              "(rcat (embedding w ids) d s)",
              lambda gen, c: {"w": tensor(gen, 5, 3), "d": 0, "s": 2,
@@ -292,7 +307,7 @@ _RANK_WISE = {
     "unary": "f x", "binary": "f x y", "where3": "x y z", "reduce": "f x d", "softmax": "f x d",
     "matmul": "x y d", "merge": "x d i", "split": "x d i", "unsqueeze": "x d", "squeeze": "x d",
     "transpose": "x d e", "expand": "x d n", "slice": "x d a b", "concat": "x y d a b",
-    "embedding": "x y", "embedding_grad": "x y d", "take": "x y", "untake": "x y d", "masked_fill": "x y f", "pad": "x d a b f", "cmp_int": "f x d", "add_int": "x d",
+    "embedding": "x y", "embedding_grad": "x y d", "take": "x y d", "untake": "x y d", "masked_fill": "x y f", "pad": "x d a b f", "cmp_int": "f x d", "add_int": "x d",
 }
 _TENSOR_ARGS = ("x", "y", "z")
 # Data movement that loses no element: an invariant result has invariant operands.

@@ -56,7 +56,8 @@ DECLARATIONS = f"""
   (rslice T i64 i64 :cost 2)
   (embed_rrange T T i64 :cost {COMPUTE_COST})
   (embedding_grad T T i64 :cost {COMPUTE_COST})
-  (take T T :cost {COMPUTE_COST})
+  (take T T i64 :cost {COMPUTE_COST})
+  (take_rrange T T i64 i64 :cost {COMPUTE_COST})
   (untake T T i64 :cost {COMPUTE_COST})
   (embed_grad_rrange T T i64 :cost {COMPUTE_COST})
   (embed_grad_range T T i64 i64 :cost {COMPUTE_COST})
@@ -278,11 +279,19 @@ def _embedding_grad_range(grad: torch.Tensor, ids: torch.Tensor, start: int, row
     return _run("embedding_grad", [kept, torch.where(inside, ids - start, 0)], {"rows": rows})
 
 
+def _take_range(x: torch.Tensor, index: torch.Tensor, start: int) -> torch.Tensor:
+    """x's entry at class `index` for the classes [start, start + n) x holds, else 0."""
+    inside = (index >= start) & (index < start + x.shape[-1])
+    picked = _run("take", [x, torch.where(inside, index - start, 0)], {})
+    return picked * inside.to(picked.dtype)
+
+
 _AT_RANK = {  # constructors whose constants are affine in the rank: scale * rank + offset
     "cmp_int_r": lambda r, f, x, a, b: _run(f + "_scalar", [x], {"value": a * r + b}),
     "add_int_r": lambda r, x, a, b: x + (a * r + b),
     "embed_rrange": lambda r, w, ids, s: _embed_range(w, ids, r * s),
     "embed_grad_rrange": lambda r, g, ids, s: _embedding_grad_range(g, ids, r * s, s),
+    "take_rrange": lambda r, x, index, s, k: _take_range(x, index, r * s),
 }
 
 _CONSTRUCTORS = {
@@ -312,7 +321,7 @@ _CONSTRUCTORS = {
     "embed_range": _embed_range,
     "embedding_grad": lambda g, ids, rows: _run("embedding_grad", [g, ids], {"rows": rows}),
     "embed_grad_range": _embedding_grad_range,
-    "take": lambda x, index: _run("take", [x, index], {}),
+    "take": lambda x, index, k: _run("take", [x, index], {}),
     "untake": lambda g, index, size: _run("untake", [g, index], {"size": size}),
     "masked_fill": lambda x, m, v: x.masked_fill(m, ast.literal_eval(v)),
     "pad": lambda x, d, a, b, v: _run("pad", [x], {"dim": d, "before": a, "after": b,

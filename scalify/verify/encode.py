@@ -47,8 +47,8 @@ def encode(node: Node, args: list[str], arg_shapes: list[tuple[int, ...]]) -> st
         return f"(unary {render(op_key(op, attrs))} {args[0]})"
     if trait == BINARY:
         return f"(binary {render(op_key(op, attrs))} {args[0]} {args[1]})"
-    if op == "take":
-        return f"(take {args[0]} {args[1]})"
+    if op == "take":  # the class dim is the source's last
+        return f"(take {args[0]} {args[1]} {len(arg_shapes[0]) - 1})"
     if op == "untake":
         return f"(untake {args[0]} {args[1]} {attrs['size']})"
     if op == "embedding_grad":

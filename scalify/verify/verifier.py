@@ -355,13 +355,14 @@ class Verifier:
         described = [describe(parse(r.term), self.labels) for r in inputs]
         lowest = [n for n in window if self.dist.rank_of(n) == min(
             (self.dist.rank_of(w) for w in window), default=0)]
-        partial = next((i for i, r in enumerate(inputs) if parse(r.term).head in ("psum", "rsum")),
-                       None)
+        partials = [(i, _partial(parse(r.term))) for i, r in enumerate(inputs)]
+        partial = next(((i, found) for i, found in partials if found), None)
         if partial is not None:
-            producer = self.dist.graph[leaves(parse(inputs[partial].term))[0]]
+            position, (kind, term) = partial
+            producer = self.dist.graph[leaves(term)[0]]
             primary = producer.source
-            hint = (f"input {partial} is a partial sum over ranks (from {producer.source}): an "
-                    f"all_reduce is missing before this {node.op}")
+            hint = (f"input {position} is a partial {kind} over ranks (from {producer.source}): "
+                    f"an all_reduce is missing before this {node.op}")
         else:
             same_op = [n for n in lowest if self.dist.graph[n].op == node.op]
             chosen = (same_op or lowest or [None])[0]
@@ -426,6 +427,19 @@ def _layout_hint(inputs: dict[str, Placement]) -> str:
         return ""
     return (f"; or the layout the ranks hold (stated at {', '.join(stated)}) differs from the one "
             "their code uses")
+
+
+_PARTIALS = {"psum": "sum", "rsum": "sum", "pmax": "max", "rmax": "max"}
+
+
+def _partial(term) -> tuple[str, App] | None:
+    """("sum" or "max", the reduction) when a relation is a partial reduction over ranks, under
+    any broadcasts and size-1 reshapes."""
+    while isinstance(term, App) and term.head in ("expand", "unsqueeze", "squeeze"):
+        term = term.args[0]
+    if isinstance(term, App) and term.head in _PARTIALS:
+        return _PARTIALS[term.head], term
+    return None
 
 
 def _label(node: Node, ranks: str) -> str:

@@ -15,9 +15,8 @@ LAYERS = {"llama": "num_hidden_layers", "gpt2": "n_layer"}
 def _model(family: str, device: str):
     config = make_hf_config(family, {**PRESETS[f"{family}-tiny"].config, LAYERS[family]: 1})
     model = build_reference(family, config)
-    if device == "cpu":
-        model = model.to_empty(device="cpu").double()
-        model.tie_weights()
+    if device == "cpu":  # a real model (its buffers initialised), in float64
+        model = type(model)(config).double().eval()
     return model
 
 

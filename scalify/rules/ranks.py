@@ -131,6 +131,10 @@ def _reductions() -> list[Rule]:
         Rule("sum-over-rcat-dim", '(reduce "sum" (rcat x d s) d)', '(rsum (reduce "sum" x d))', same),
         Rule("amax-over-rcat-dim", '(reduce "amax" (rcat x d s) d)', '(rmax (reduce "amax" x d))',
              same),
+        # A sum of per-block contractions, each over ranks, is one contraction over ranks of
+        # the block sums (fused [q|k|v] gradients).
+        Rule("psum-of-rsums", "(psum (rsum x) (rsum y))", "(rsum (psum x y))",
+             lambda gen, c: {"x": family(gen, *SHAPE), "y": family(gen, *SHAPE)}),
         Rule("sum-over-rsum", '(reduce "sum" (rsum x) k)', '(rsum (reduce "sum" x k))',
              lambda gen, c: {"x": family(gen, *SHAPE), "k": 1}),
     ]

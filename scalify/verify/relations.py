@@ -125,30 +125,17 @@ def _expect_shapes(target: str, placement: Placement, got: list[Shape], want: li
                              f"reference shape implies {list(w)}")
 
 
-def expected_output(placement: Placement, rank_outputs: list[str],
-                    rank_shapes: list[Shape], symbolic: bool = False) -> list[str]:
-    """Terms the reference output must equal for `placement` (one per check); for a symbolic
-    program, `rank_outputs` is its one output standing for every rank."""
+def expected_output(placement: Placement, rank_outputs: list[str], rank_shapes: list[Shape],
+                    ref_shape: Shape, world: int, symbolic: bool = False) -> list[str]:
+    """Terms the reference output must equal for `placement` (one per check: every rank's
+    copy of a replicated output); for a symbolic program, `rank_outputs` is its one output
+    standing for every rank. Shards (fused blocks included) are stated as inputs are."""
     if symbolic:
-        return [_family_output(placement, rank_outputs[0], rank_shapes[0])]
+        return [family_relation("output", placement, ref_shape, rank_outputs[0], rank_shapes[0],
+                                world).term]
     if isinstance(placement, Replicate):
         return [leaf(name) for name in rank_outputs]
-    if isinstance(placement, Partial):
-        return [nest("pmax" if placement.op == "max" else "psum",
-                     [leaf(name) for name in rank_outputs])]
-    assert isinstance(placement, Shard)
-    dim = placement.dim % len(rank_shapes[0])
-    return [concat_terms([leaf(n) for n in rank_outputs], [s[dim] for s in rank_shapes], dim)]
-
-
-def _family_output(placement: Placement, name: str, shape: Shape) -> str:
-    if isinstance(placement, Replicate):
-        return leaf(name)
-    if isinstance(placement, Partial):
-        return f"({'rmax' if placement.op == 'max' else 'rsum'} {leaf(name)})"
-    assert isinstance(placement, Shard)
-    dim = placement.dim % len(shape)
-    return f"(rcat {leaf(name)} {dim} {shape[dim]})"
+    return [from_placement("output", placement, ref_shape, rank_outputs, rank_shapes).term]
 
 
 def describe(term: Term, name_of: dict[str, str]) -> str:

@@ -335,7 +335,8 @@ class Verifier:
                 continue
             rank_outputs = [outs[position] for outs in self.dist.rank_outputs]
             shapes = [self.dist.graph[n].shape for n in rank_outputs]
-            expected = expected_output(placement, rank_outputs, shapes, self.dist.symbolic)
+            expected = expected_output(placement, rank_outputs, shapes, self.ref[output].shape,
+                                       self.dist.world_size, self.dist.symbolic)
             known = set(relation.leaf_names())
             region = region_of(self.dist.graph[rank_outputs[0]].source.module)
             window = self._window(known, region, self.options.window_depth)

@@ -97,9 +97,7 @@ def _cells() -> list[Cell]:
         Cell("gpt2", "TP2", True, tp2, rank_symmetry=False,
              gap="on the per-rank path the fused [q|k|v] bias gradient (a sum over blocked "
                  "per-rank concats) is not related yet; the one-program path proves it"),
-        Cell("llama", "DP2 x2 micro-batches", True, micro, batch=4,
-             gap="the token count over the whole local batch is not related to the "
-                 "micro-batches' slices yet"),
+        Cell("llama", "DP2 x2 micro-batches", True, micro, batch=4),
     ]
 
 

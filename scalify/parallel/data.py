@@ -8,6 +8,8 @@ that leaves each rank its dim-0 shard of every gradient (ZeRO-2).
 """
 from __future__ import annotations
 
+import functools
+import operator
 from dataclasses import dataclass
 import torch
 import torch.distributed as dist
@@ -79,9 +81,11 @@ class DataParallelStep:
     def __call__(self, model: nn.Module, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
         params = dict(model.named_parameters())
         wanted = [params[name] for name in self.names]
-        tokens = sum_over_ranks(target_tokens(inputs["labels"]))
+        parts = micro_batches(inputs, self.micro_batches)
+        tokens = sum_over_ranks(functools.reduce(operator.add,
+                                                 [target_tokens(part["labels"]) for part in parts]))
         loss_sum, grads = None, None
-        for index, part in enumerate(micro_batches(inputs, self.micro_batches)):
+        for index, part in enumerate(parts):
             loss = self.loss_of(model, part, tokens)
             grads = self.accumulate(grads, list(torch.autograd.grad(loss, wanted)), index)
             loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()

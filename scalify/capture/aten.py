@@ -430,6 +430,16 @@ def _constant_pad(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any
     return x
 
 
+@lowering("topk")
+def _topk(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    x, k = args[0], args[1]
+    dim = _dim(args[2] if len(args) > 2 else kwargs.get("dim", -1), len(x.shape))
+    largest, ordered = (list(args[3:5]) + [kwargs.get("largest", True), kwargs.get("sorted", True)])[:2]
+    if dim != len(x.shape) - 1 or not largest or not ordered:
+        raise CaptureError("aten.topk is supported for the largest values along the last dim, sorted")
+    return b.emit("topk", [x], k=k), b.emit("topk_index", [x], "int64", k=k)
+
+
 @lowering("gather")
 def _gather(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
     x, dim, index = args[:3]

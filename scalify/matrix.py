@@ -18,8 +18,10 @@ from rich.table import Table
 
 import scalify
 
-_PLANTED_FILES = ("parallel/planted.py", "parallel/dtensor_planted.py")
-_LAYERS = {"llama": "model.num_hidden_layers", "gpt2": "model.n_layer"}
+_PLANTED_FILES = ("parallel/planted.py", "parallel/dtensor_planted.py",
+                  "parallel/experts_planted.py")
+_LAYERS = {"llama": "model.num_hidden_layers", "gpt2": "model.n_layer",
+           "mixtral": "model.num_hidden_layers"}
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,8 @@ class Cell:
 
     def world_size(self) -> int:
         fields = dict(self.plan_fields)
-        return int(fields.get("tensor_parallel", 1)) * int(fields.get("data_parallel", 1))
+        return (int(fields.get("tensor_parallel", 1)) * int(fields.get("data_parallel", 1))
+                * int(fields.get("expert_parallel", 1)))
 
     def experiment(self) -> dict:
         world = self.world_size()
@@ -61,12 +64,15 @@ def _cells() -> list[Cell]:
     zero2 = (("data_parallel", 2), ("zero_stage", 2))
     micro = (("data_parallel", 2), ("micro_batches", 2))
     hf = (("style", "dtensor"), ("tensor_parallel", 2), ("dtensor_plan", "hf"))
+    ep2 = (("expert_parallel", 2),)
     return [
         Cell("llama", "TP2", False, tp2),
         Cell("gpt2", "TP2", False, tp2),
         Cell("llama", "TP2+SP", False, sp2),
         Cell("llama", "DP2", False, dp2, batch=2),
         Cell("llama", "DTensor hf TP2", False, hf),
+        Cell("mixtral", "EP2", False, ep2),
+        Cell("mixtral", "EP2", False, ep2, rank_symmetry=False),
         Cell("llama", "TP2", True, tp2),
         Cell("llama", "TP2", True, tp2, rank_symmetry=False),
         Cell("llama", "TP2+SP", True, sp2),
@@ -79,6 +85,8 @@ def _cells() -> list[Cell]:
         Cell("llama", "DP2", True, dp2, bug="dp-mean-of-means", batch=2),
         Cell("llama", "DP2", True, dp2, bug="dp-grads-averaged", batch=2),
         Cell("llama", "DTensor hf TP2", False, hf, bug="dtensor-global-heads-reshape"),
+        Cell("mixtral", "EP2", False, ep2, bug="ep-combine-weights-twice"),
+        Cell("mixtral", "EP2", False, ep2, bug="ep-topk-local-experts"),
         Cell("gpt2", "TP2", True, tp2, gap="fused [q|k|v] gradient blocks contract across "
                                            "blocks and ranks; no rule joins them yet"),
         Cell("llama", "DP2 x2 micro-batches", True, micro, batch=4,

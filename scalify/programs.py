@@ -44,6 +44,7 @@ def programs_for(experiment: Experiment) -> Programs:
     # Models stay in eval mode: a training step is verified with dropout off.
     reference_step = Step(reference, training_step(hf_loss, names) if backward else hf_logits)
     build = (_dtensor if experiment.plan.style == "dtensor" else
+             _expert_parallel if experiment.plan.expert_parallel > 1 else
              _data_parallel if experiment.plan.data_parallel > 1 else _tensor_parallel)
     return build(experiment, hf_config, reference_step, inputs, names)
 
@@ -86,6 +87,20 @@ def _tensor_parallel(experiment: Experiment, hf_config, reference_step: Step,
     step = training_step(rank_loss, names, finalize_grads)
     return Programs(reference_step, lambda rank: Step(rank_model(rank), step), inputs, placements,
                     [Replicate(), *(placements[name] for name in names)], grad=True)
+
+
+def _expert_parallel(experiment: Experiment, hf_config, reference_step: Step,
+                     inputs: dict[str, torch.Tensor], names: list[str]) -> Programs:
+    from .parallel.experts import expert_parallel_rank, expert_placements
+
+    if experiment.verify.backward:
+        raise ConfigError("verify.backward is not supported for expert-parallel plans yet: "
+                          "verify the forward")
+    world, bug = experiment.world_size(), experiment.plan.planted_bug
+    expert_parallel_rank(hf_config, 0, world, bug)  # a bad planted_bug fails before capture
+    return Programs(reference_step,
+                    lambda rank: Step(expert_parallel_rank(hf_config, rank, world, bug), hf_logits),
+                    inputs, expert_placements(hf_config, world), [Replicate()])
 
 
 def _data_parallel(experiment: Experiment, hf_config, reference_step: Step,

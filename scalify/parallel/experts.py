@@ -75,6 +75,20 @@ def build_mixtral_ep_rank(config: MixtralConfig, rank: int, world_size: int,
     return model.eval()
 
 
+def expert_parallel_rank(config: MixtralConfig, rank: int, world_size: int,
+                         planted_bug: str | None = None) -> MixtralForCausalLM:
+    """Rank `rank` of the expert-parallel Mixtral, with `planted_bug` (an `ep-*` bug) planted."""
+    from scalify.parallel.experts_planted import (EXPERT_PARALLEL_BUGS, PLANTED_EXPERTS,
+                                                  PLANTED_ROUTERS)
+
+    if planted_bug is not None and planted_bug not in EXPERT_PARALLEL_BUGS:
+        raise ConfigError(f"unknown expert-parallel planted bug {planted_bug!r}; known: "
+                          f"{', '.join(EXPERT_PARALLEL_BUGS)}")
+    experts = PLANTED_EXPERTS.get(planted_bug or "", ExpertParallelExperts)
+    return build_mixtral_ep_rank(config, rank, world_size, experts,
+                                 PLANTED_ROUTERS.get(planted_bug or ""))
+
+
 def expert_placements(config: MixtralConfig, world_size: int) -> dict[str, Placement]:
     """Placement of every reference parameter by HF name: expert weights Shard(0), the rest
     Replicate."""

@@ -520,6 +520,14 @@ def _reduce_scatter(b: GraphBuilder, name: str, args: list, kwargs: dict, out: A
                   group=args[3], **attrs)
 
 
+@lowering("all_to_all_single")
+def _all_to_all(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    source, input_splits, group = args[0], args[2], args[3]
+    rows, world = source.shape[0], len(group)
+    in_splits = tuple(input_splits) if input_splits else (rows // world,) * world
+    return b.emit("all_to_all", [source], shape=_out_shape(out), in_splits=in_splits, group=group)
+
+
 def _scattered_along(b: GraphBuilder, ref: Ref, world: int) -> tuple[Ref, int]:
     """`(x, e)` when `ref` stacks the `world` equal blocks of x along dim e on dim 0 (how
     functional collectives reduce-scatter along e), else `(ref, 0)`."""

@@ -307,6 +307,8 @@ for _op in [
     OpDef("all_reduce", COLLECTIVE, _same, _collective),
     OpDef("all_gather", COLLECTIVE, _attr_shape, _collective),
     OpDef("reduce_scatter", COLLECTIVE, _attr_shape, _collective),
+    # all_to_all: rank r receives block r (`in_splits` rows) of every member's input, in order.
+    OpDef("all_to_all", COLLECTIVE, _attr_shape, _collective),
 ]:
     _register(_op)
 

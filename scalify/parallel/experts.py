@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 from torch import nn
 from transformers import MixtralConfig, MixtralForCausalLM
 from transformers.activations import ACT2FN
@@ -55,6 +57,31 @@ class ExpertParallelExperts(nn.Module):
         return {name: Shard(0) for name in EXPERT_WEIGHTS}
 
 
+class AllToAllExperts(ExpertParallelExperts):
+    """The same experts, with the tokens dispatched and combined by all-to-all.
+
+    Rank r owns token block r (tokens split evenly over the ranks). Dispatch: it sends its
+    tokens to every rank, which runs its experts on all tokens it received, weighted by the
+    routing weights (the router is replicated, so every rank has them for all tokens). Combine:
+    each rank sends every token's partial output back to the token's owner, which sums them;
+    an all-gather rebuilds the whole sequence for the replicated layers that follow.
+    """
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor:
+        world, rank = dist.get_world_size(), dist.get_rank()
+        block = divide(hidden_states.shape[0], world, "tokens (batch * seq)")
+        own = hidden_states[rank * block:(rank + 1) * block]
+        tokens = self.dispatch(torch.cat([own] * world, dim=0))
+        partial = combine(expert_outputs(self, tokens), self.local_weights(top_k_index, top_k_weights))
+        summed = self.dispatch(partial).view(world, block, -1).sum(dim=0)
+        return funcol.all_gather_tensor(summed, 0, dist.group.WORLD).to(hidden_states.dtype)
+
+    def dispatch(self, blocks: torch.Tensor) -> torch.Tensor:
+        """Block e of `blocks` (equal row blocks) to rank e; block s of the result from rank s."""
+        return funcol.all_to_all_single(blocks, None, None, dist.group.WORLD)
+
+
 ExpertsClass = Callable[[MixtralConfig, int, int], nn.Module]
 
 
@@ -75,16 +102,22 @@ def build_mixtral_ep_rank(config: MixtralConfig, rank: int, world_size: int,
     return model.eval()
 
 
+DISPATCHES: dict[str, ExpertsClass] = {"all_reduce": ExpertParallelExperts,
+                                       "all_to_all": AllToAllExperts}
+
+
 def expert_parallel_rank(config: MixtralConfig, rank: int, world_size: int,
-                         planted_bug: str | None = None) -> MixtralForCausalLM:
-    """Rank `rank` of the expert-parallel Mixtral, with `planted_bug` (an `ep-*` bug) planted."""
+                         planted_bug: str | None = None,
+                         dispatch: str = "all_reduce") -> MixtralForCausalLM:
+    """Rank `rank` of the expert-parallel Mixtral, tokens dispatched by `dispatch` (a key of
+    DISPATCHES), with `planted_bug` (an `ep-*` bug) planted."""
     from scalify.parallel.experts_planted import (EXPERT_PARALLEL_BUGS, PLANTED_EXPERTS,
                                                   PLANTED_ROUTERS)
 
     if planted_bug is not None and planted_bug not in EXPERT_PARALLEL_BUGS:
         raise ConfigError(f"unknown expert-parallel planted bug {planted_bug!r}; known: "
                           f"{', '.join(EXPERT_PARALLEL_BUGS)}")
-    experts = PLANTED_EXPERTS.get(planted_bug or "", ExpertParallelExperts)
+    experts = PLANTED_EXPERTS.get(planted_bug or "", DISPATCHES[dispatch])
     return build_mixtral_ep_rank(config, rank, world_size, experts,
                                  PLANTED_ROUTERS.get(planted_bug or ""))
 

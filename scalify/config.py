@@ -19,6 +19,7 @@ from scalify.models.presets import PRESETS
 MAX_FILE_BYTES = 1 << 20
 REPO_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 PLAN_STYLES = ("megatron", "dtensor")
+EXPERT_DISPATCHES = ("all_reduce", "all_to_all")
 LOGITS_MODES = ("gathered", "vocab_parallel")
 HARDWARE_TARGETS = ("gpu", "neuron")
 ENGINE_KINDS = ("auto", "inline", "ray")
@@ -44,7 +45,8 @@ class PlanSpec:
     the plan's lm_head entry, so `logits` is not used). `fused` uses fused qkv/gate_up layouts
     (llama); `shard_fn` ("module.path:function") is a checkpoint sharding function that states
     the parameters' relations. `expert_parallel` shards a MoE model's experts over that many
-    ranks (mixtral, megatron style).
+    ranks (mixtral, megatron style), tokens dispatched by `expert_dispatch`: "all_reduce" (each
+    rank's experts on every token, partial outputs summed) or "all_to_all".
     """
 
     style: str = "megatron"
@@ -59,6 +61,7 @@ class PlanSpec:
     fused: bool = False
     shard_fn: str | None = None
     expert_parallel: int = 1
+    expert_dispatch: str = "all_reduce"
 
 
 @dataclass(frozen=True)
@@ -312,6 +315,8 @@ def _check_plan_style(plan: PlanSpec, fields: Located, where: _Where) -> None:
 def _check_expert_parallel(plan: PlanSpec, model: ModelSpec, fields: Located) -> None:
     """Expert parallelism: a megatron-style plan of a MoE model, with no other parallelism."""
     if plan.expert_parallel == 1:
+        if "expert_dispatch" in fields:
+            raise fields["expert_dispatch"][1].error("only used with expert_parallel > 1")
         return
     at = fields["expert_parallel"][1]
     if model.family != "mixtral":
@@ -341,6 +346,7 @@ _SCHEMAS: dict[type, dict[str, Checker]] = {
         "fused": _boolean,
         "shard_fn": lambda value, where: None if value is None else _function_path(value, where),
         "expert_parallel": _positive_int,
+        "expert_dispatch": _choice(*EXPERT_DISPATCHES),
     },
     HardwareSpec: {"name": _text, "target": _choice(*HARDWARE_TARGETS), "devices": _positive_int},
     InputSpec: {"batch": _positive_int, "seq": _positive_int},

@@ -65,6 +65,7 @@ def _cells() -> list[Cell]:
     micro = (("data_parallel", 2), ("micro_batches", 2))
     hf = (("style", "dtensor"), ("tensor_parallel", 2), ("dtensor_plan", "hf"))
     ep2 = (("expert_parallel", 2),)
+    a2a = (("expert_parallel", 2), ("expert_dispatch", "all_to_all"))
     return [
         Cell("llama", "TP2", False, tp2),
         Cell("gpt2", "TP2", False, tp2),
@@ -73,6 +74,7 @@ def _cells() -> list[Cell]:
         Cell("llama", "DTensor hf TP2", False, hf),
         Cell("mixtral", "EP2", False, ep2),
         Cell("mixtral", "EP2", False, ep2, rank_symmetry=False),
+        Cell("mixtral", "EP2 all-to-all", False, a2a),
         Cell("llama", "TP2", True, tp2),
         Cell("llama", "TP2", True, tp2, rank_symmetry=False),
         Cell("llama", "TP2+SP", True, sp2),
@@ -87,6 +89,7 @@ def _cells() -> list[Cell]:
         Cell("llama", "DTensor hf TP2", False, hf, bug="dtensor-global-heads-reshape"),
         Cell("mixtral", "EP2", False, ep2, bug="ep-combine-weights-twice"),
         Cell("mixtral", "EP2", False, ep2, bug="ep-topk-local-experts"),
+        Cell("mixtral", "EP2 all-to-all", False, a2a, bug="ep-wrong-split-sizes"),
         Cell("gpt2", "TP2", True, tp2, gap="fused [q|k|v] gradient blocks contract across "
                                            "blocks and ranks; no rule joins them yet"),
         Cell("llama", "DP2 x2 micro-batches", True, micro, batch=4,

@@ -97,9 +97,17 @@ def _expert_parallel(experiment: Experiment, hf_config, reference_step: Step,
         raise ConfigError("verify.backward is not supported for expert-parallel plans yet: "
                           "verify the forward")
     world, bug = experiment.world_size(), experiment.plan.planted_bug
-    expert_parallel_rank(hf_config, 0, world, bug)  # a bad planted_bug fails before capture
-    return Programs(reference_step,
-                    lambda rank: Step(expert_parallel_rank(hf_config, rank, world, bug), hf_logits),
+    dispatch = experiment.plan.expert_dispatch
+    tokens = experiment.inputs.batch * experiment.inputs.seq
+    if dispatch == "all_to_all" and tokens % world:
+        raise ConfigError(f"all_to_all dispatch splits the {tokens} tokens (inputs.batch * "
+                          f"inputs.seq) evenly over {world} ranks: make them a multiple")
+    expert_parallel_rank(hf_config, 0, world, bug, dispatch)  # a bad planted_bug fails early
+
+    def rank_model(rank: int) -> nn.Module:
+        return Step(expert_parallel_rank(hf_config, rank, world, bug, dispatch), hf_logits)
+
+    return Programs(reference_step, rank_model,
                     inputs, expert_placements(hf_config, world), [Replicate()])
 
 

@@ -75,7 +75,7 @@ class AllToAllExperts(ExpertParallelExperts):
         tokens = self.dispatch(torch.cat([own] * world, dim=0))
         partial = combine(expert_outputs(self, tokens), self.local_weights(top_k_index, top_k_weights))
         summed = self.dispatch(partial).view(world, block, -1).sum(dim=0)
-        return funcol.all_gather_tensor(summed, 0, dist.group.WORLD).to(hidden_states.dtype)
+        return funcol.all_gather_single(summed, 0, dist.group.WORLD).to(hidden_states.dtype)
 
     def dispatch(self, blocks: torch.Tensor) -> torch.Tensor:
         """Block e of `blocks` (equal row blocks) to rank e; block s of the result from rank s."""
@@ -111,12 +111,15 @@ def expert_parallel_rank(config: MixtralConfig, rank: int, world_size: int,
                          dispatch: str = "all_reduce") -> MixtralForCausalLM:
     """Rank `rank` of the expert-parallel Mixtral, tokens dispatched by `dispatch` (a key of
     DISPATCHES), with `planted_bug` (an `ep-*` bug) planted."""
-    from scalify.parallel.experts_planted import (EXPERT_PARALLEL_BUGS, PLANTED_EXPERTS,
-                                                  PLANTED_ROUTERS)
+    from scalify.parallel.experts_planted import (EXPERT_PARALLEL_BUGS, PLANTED_DISPATCH,
+                                                  PLANTED_EXPERTS, PLANTED_ROUTERS)
 
     if planted_bug is not None and planted_bug not in EXPERT_PARALLEL_BUGS:
         raise ConfigError(f"unknown expert-parallel planted bug {planted_bug!r}; known: "
                           f"{', '.join(EXPERT_PARALLEL_BUGS)}")
+    if planted_bug in PLANTED_DISPATCH and dispatch != PLANTED_DISPATCH[planted_bug]:
+        raise ConfigError(f"planted bug {planted_bug!r} is in the "
+                          f"{PLANTED_DISPATCH[planted_bug]} dispatch: set plan.expert_dispatch")
     experts = PLANTED_EXPERTS.get(planted_bug or "", DISPATCHES[dispatch])
     return build_mixtral_ep_rank(config, rank, world_size, experts,
                                  PLANTED_ROUTERS.get(planted_bug or ""))

@@ -5,8 +5,9 @@ import pytest
 
 from scalify.errors import ConfigError
 from scalify.models import PRESETS, build_reference, make_hf_config
-from scalify.parallel.experts import expert_parallel_rank, expert_placements
-from scalify.parallel.experts_planted import LocalTopKRouter, WeightsTwiceExperts
+from scalify.parallel.experts import AllToAllExperts, expert_parallel_rank, expert_placements
+from scalify.parallel.experts_planted import (LocalTopKRouter, WeightsTwiceExperts,
+                                              WrongSplitsAllToAllExperts)
 from scalify.placements import Replicate, Shard
 
 
@@ -40,3 +41,17 @@ def test_planted_bugs_swap_one_module(config):
                       .model.layers[0].mlp.gate, LocalTopKRouter)
     with pytest.raises(ConfigError, match="unknown expert-parallel planted bug"):
         expert_parallel_rank(config, 0, 2, "missing-allreduce")
+
+
+def test_all_to_all_dispatch_keeps_the_same_parameters(config):
+    rank = expert_parallel_rank(config, 0, 2, dispatch="all_to_all")
+    assert isinstance(rank.model.layers[0].mlp.experts, AllToAllExperts)
+    assert ({n: p.shape for n, p in rank.named_parameters()}
+            == {n: p.shape for n, p in expert_parallel_rank(config, 0, 2).named_parameters()})
+    assert isinstance(expert_parallel_rank(config, 0, 2, "ep-wrong-split-sizes", "all_to_all")
+                      .model.layers[0].mlp.experts, WrongSplitsAllToAllExperts)
+
+
+def test_a_planted_bug_needs_the_dispatch_it_lives_in(config):
+    with pytest.raises(ConfigError, match="set plan.expert_dispatch"):
+        expert_parallel_rank(config, 0, 2, "ep-wrong-split-sizes")

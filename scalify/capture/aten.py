@@ -434,7 +434,8 @@ def _constant_pad(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any
 def _topk(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
     x, k = args[0], args[1]
     dim = _dim(args[2] if len(args) > 2 else kwargs.get("dim", -1), len(x.shape))
-    largest, ordered = (list(args[3:5]) + [kwargs.get("largest", True), kwargs.get("sorted", True)])[:2]
+    largest = args[3] if len(args) > 3 else kwargs.get("largest", True)
+    ordered = args[4] if len(args) > 4 else kwargs.get("sorted", True)
     if dim != len(x.shape) - 1 or not largest or not ordered:
         raise CaptureError("aten.topk is supported for the largest values along the last dim, sorted")
     return b.emit("topk", [x], k=k), b.emit("topk_index", [x], "int64", k=k)

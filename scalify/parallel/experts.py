@@ -128,6 +128,9 @@ def expert_parallel_rank(config: MixtralConfig, rank: int, world_size: int,
 def expert_placements(config: MixtralConfig, world_size: int) -> dict[str, Placement]:
     """Placement of every reference parameter by HF name: expert weights Shard(0), the rest
     Replicate."""
-    model = build_mixtral_ep_rank(config, 0, world_size)
-    return {name: Shard(0) if name.rsplit(".", 1)[-1] in EXPERT_WEIGHTS and ".experts." in name
-            else Replicate() for name, _ in model.named_parameters()}
+    placements: dict[str, Placement] = {}
+    for module_name, module in build_mixtral_ep_rank(config, 0, world_size).named_modules():
+        declared = module.placements() if isinstance(module, ExpertParallelExperts) else {}
+        for name, _ in module.named_parameters(recurse=False):
+            placements[f"{module_name}.{name}" if module_name else name] = declared.get(name, Replicate())
+    return placements

@@ -19,6 +19,7 @@ from scalify.models.presets import PRESETS
 MAX_FILE_BYTES = 1 << 20
 REPO_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 PLAN_STYLES = ("megatron", "dtensor")
+EXPERT_DISPATCHES = ("all_reduce", "all_to_all")
 LOGITS_MODES = ("gathered", "vocab_parallel")
 HARDWARE_TARGETS = ("gpu", "neuron")
 ENGINE_KINDS = ("auto", "inline", "ray")
@@ -43,7 +44,9 @@ class PlanSpec:
     `dtensor_plan` to the HuggingFace model with torch's `parallelize_module` (its logits follow
     the plan's lm_head entry, so `logits` is not used). `fused` uses fused qkv/gate_up layouts
     (llama); `shard_fn` ("module.path:function") is a checkpoint sharding function that states
-    the parameters' relations.
+    the parameters' relations. `expert_parallel` shards a MoE model's experts over that many
+    ranks (mixtral, megatron style), tokens dispatched by `expert_dispatch`: "all_reduce" (each
+    rank's experts on every token, partial outputs summed) or "all_to_all".
     """
 
     style: str = "megatron"
@@ -57,6 +60,8 @@ class PlanSpec:
     dtensor_plan: DTensorPlan | None = None
     fused: bool = False
     shard_fn: str | None = None
+    expert_parallel: int = 1
+    expert_dispatch: str = "all_reduce"
 
 
 @dataclass(frozen=True)
@@ -128,7 +133,7 @@ class Experiment:
 
     def world_size(self) -> int:
         """Number of ranks the plan runs on."""
-        return self.plan.tensor_parallel * self.plan.data_parallel
+        return self.plan.tensor_parallel * self.plan.data_parallel * self.plan.expert_parallel
 
     def to_dict(self) -> dict:
         """Plain nested data, for reports."""
@@ -309,6 +314,26 @@ def _check_plan_style(plan: PlanSpec, fields: Located, where: _Where) -> None:
                                         "entry decides whether logits are gathered")
 
 
+def _check_expert_parallel(plan: PlanSpec, model: ModelSpec, fields: Located) -> None:
+    """Expert parallelism: a megatron-style plan of a MoE model, with no other parallelism."""
+    if plan.expert_parallel == 1:
+        if "expert_dispatch" in fields:
+            raise fields["expert_dispatch"][1].error("only used with expert_parallel > 1")
+        return
+    at = fields["expert_parallel"][1]
+    if model.family != "mixtral":
+        raise at.error(f"expert parallelism needs a MoE model (mixtral), not {model.family!r}")
+    if plan.style != "megatron":
+        raise at.error(f"expert parallelism is built for style megatron, not {plan.style!r}")
+    if plan.tensor_parallel > 1 or plan.data_parallel > 1:
+        raise at.error("expert parallelism combined with tensor or data parallelism is not "
+                       "supported yet: set tensor_parallel and data_parallel to 1")
+    experts = model.config["num_local_experts"]
+    if experts % plan.expert_parallel:
+        raise at.error(f"{experts} experts (num_local_experts) do not split evenly over "
+                       f"{plan.expert_parallel} ranks")
+
+
 _SCHEMAS: dict[type, dict[str, Checker]] = {
     PlanSpec: {
         "style": _choice(*PLAN_STYLES),
@@ -322,6 +347,8 @@ _SCHEMAS: dict[type, dict[str, Checker]] = {
         "dtensor_plan": _dtensor_plan,
         "fused": _boolean,
         "shard_fn": lambda value, where: None if value is None else _function_path(value, where),
+        "expert_parallel": _positive_int,
+        "expert_dispatch": _choice(*EXPERT_DISPATCHES),
     },
     HardwareSpec: {"name": _text, "target": _choice(*HARDWARE_TARGETS), "devices": _positive_int},
     InputSpec: {"batch": _positive_int, "seq": _positive_int},
@@ -438,7 +465,8 @@ def load_experiment(source: str | os.PathLike | dict) -> Experiment:
     plan = _build(PlanSpec, *sections["plan"])
     _check_plan_style(plan, *sections["plan"])
     hardware = _build(HardwareSpec, *sections["hardware"])
-    world = plan.tensor_parallel * plan.data_parallel
+    world = plan.tensor_parallel * plan.data_parallel * plan.expert_parallel
+    _check_expert_parallel(plan, model, sections["plan"][0])
     if plan.tensor_parallel > 1 and plan.data_parallel > 1:
         raise sections["plan"][0]["data_parallel"][1].error(
             "data parallelism combined with tensor parallelism (a 2-D mesh) is not supported yet: "
@@ -449,7 +477,8 @@ def load_experiment(source: str | os.PathLike | dict) -> Experiment:
     if hardware.devices != world:
         raise sections["hardware"][0]["devices"][1].error(
             f"{hardware.devices} devices do not match the plan's world size {world} "
-            f"(tensor_parallel={plan.tensor_parallel}, data_parallel={plan.data_parallel})"
+            f"(tensor_parallel={plan.tensor_parallel}, data_parallel={plan.data_parallel}"
+            + (f", expert_parallel={plan.expert_parallel})" if plan.expert_parallel > 1 else ")")
         )
     return Experiment(
         name=_text(*top["name"]) if "name" in top else origin.default_name,

@@ -18,8 +18,10 @@ from rich.table import Table
 
 import scalify
 
-_PLANTED_FILES = ("parallel/planted.py", "parallel/dtensor_planted.py")
-_LAYERS = {"llama": "model.num_hidden_layers", "gpt2": "model.n_layer"}
+_PLANTED_FILES = ("parallel/planted.py", "parallel/dtensor_planted.py",
+                  "parallel/experts_planted.py")
+_LAYERS = {"llama": "model.num_hidden_layers", "gpt2": "model.n_layer",
+           "mixtral": "model.num_hidden_layers"}
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,8 @@ class Cell:
 
     def world_size(self) -> int:
         fields = dict(self.plan_fields)
-        return int(fields.get("tensor_parallel", 1)) * int(fields.get("data_parallel", 1))
+        return (int(fields.get("tensor_parallel", 1)) * int(fields.get("data_parallel", 1))
+                * int(fields.get("expert_parallel", 1)))
 
     def experiment(self) -> dict:
         world = self.world_size()
@@ -71,12 +74,17 @@ def _cells() -> list[Cell]:
     vocab4 = (("tensor_parallel", 4), ("logits", "vocab_parallel"))
     ce_bugs = ("ce-target-mask-off-by-one", "ce-max-not-allreduced", "ce-sum-not-allreduced",
                "ce-loss-scaled-by-tp")
+    ep2 = (("expert_parallel", 2),)
+    a2a = (("expert_parallel", 2), ("expert_dispatch", "all_to_all"))
     return [
         Cell("llama", "TP2", False, tp2),
         Cell("gpt2", "TP2", False, tp2),
         Cell("llama", "TP2+SP", False, sp2),
         Cell("llama", "DP2", False, dp2, batch=2),
         Cell("llama", "DTensor hf TP2", False, hf),
+        Cell("mixtral", "EP2", False, ep2),
+        Cell("mixtral", "EP2", False, ep2, rank_symmetry=False),
+        Cell("mixtral", "EP2 all-to-all", False, a2a),
         Cell("llama", "TP2", True, tp2),
         Cell("llama", "TP2", True, tp2, rank_symmetry=False),
         Cell("llama", "TP2+SP", True, sp2),
@@ -98,6 +106,9 @@ def _cells() -> list[Cell]:
              gap="on the per-rank path the fused [q|k|v] bias gradient (a sum over blocked "
                  "per-rank concats) is not related yet; the one-program path proves it"),
         Cell("llama", "DP2 x2 micro-batches", True, micro, batch=4),
+        Cell("mixtral", "EP2", False, ep2, bug="ep-combine-weights-twice"),
+        Cell("mixtral", "EP2", False, ep2, bug="ep-topk-local-experts"),
+        Cell("mixtral", "EP2 all-to-all", False, a2a, bug="ep-wrong-split-sizes"),
     ]
 
 

@@ -45,6 +45,7 @@ def programs_for(experiment: Experiment) -> Programs:
     run = training_step(hf_loss, names) if backward else hf_loss if loss else hf_logits
     reference_step = Step(reference, run)
     build = (_dtensor if experiment.plan.style == "dtensor" else
+             _expert_parallel if experiment.plan.expert_parallel > 1 else
              _data_parallel if experiment.plan.data_parallel > 1 else _tensor_parallel)
     return build(experiment, hf_config, reference_step, inputs, names)
 
@@ -93,6 +94,28 @@ def _tensor_parallel(experiment: Experiment, hf_config, reference_step: Step,
     step = training_step(rank_loss, names, finalize_grads)
     return Programs(reference_step, lambda rank: Step(rank_model(rank), step), inputs, placements,
                     [Replicate(), *(placements[name] for name in names)], grad=True)
+
+
+def _expert_parallel(experiment: Experiment, hf_config, reference_step: Step,
+                     inputs: dict[str, torch.Tensor], names: list[str]) -> Programs:
+    from .parallel.experts import expert_parallel_rank, expert_placements
+
+    if experiment.verify.backward:
+        raise ConfigError("verify.backward is not supported for expert-parallel plans yet: "
+                          "verify the forward")
+    world, bug = experiment.world_size(), experiment.plan.planted_bug
+    dispatch = experiment.plan.expert_dispatch
+    tokens = experiment.inputs.batch * experiment.inputs.seq
+    if dispatch == "all_to_all" and tokens % world:
+        raise ConfigError(f"all_to_all dispatch splits the {tokens} tokens (inputs.batch * "
+                          f"inputs.seq) evenly over {world} ranks: make them a multiple")
+    expert_parallel_rank(hf_config, 0, world, bug, dispatch)  # a bad planted_bug fails early
+
+    def rank_model(rank: int) -> nn.Module:
+        return Step(expert_parallel_rank(hf_config, rank, world, bug, dispatch), hf_logits)
+
+    return Programs(reference_step, rank_model,
+                    inputs, expert_placements(hf_config, world), [Replicate()])
 
 
 def _data_parallel(experiment: Experiment, hf_config, reference_step: Step,

@@ -194,7 +194,7 @@ X = "configs/experiments/x.yaml"
         (
             MINIMAL + "overrides: {plan.tp: 2}\n",
             f"{X}: overrides.plan.tp: unknown key (expected one of: data_parallel, dtensor_plan, "
-            "fused, logits, micro_batches, planted_bug, sequence_parallel, shard_fn, style, "
+            "expert_dispatch, expert_parallel, fused, logits, micro_batches, planted_bug, sequence_parallel, shard_fn, style, "
             "tensor_parallel, zero_stage)",
         ),
         (
@@ -220,6 +220,22 @@ X = "configs/experiments/x.yaml"
         (
             "model: gpt2-tiny\nplan: {tensor_parallel: 2, fused: true}\nhardware: gpu-2\n",
             f"{X}: plan.fused: fused layouts exist for llama, not 'gpt2'",
+        ),
+        (
+            "model: llama-tiny\nplan: {expert_parallel: 2}\nhardware: gpu-2\n",
+            f"{X}: plan.expert_parallel: expert parallelism needs a MoE model (mixtral), not 'llama'",
+        ),
+        (
+            "model: mixtral-tiny\nplan: {expert_parallel: 2, tensor_parallel: 2}\nhardware: gpu-4\n",
+            f"{X}: plan.expert_parallel: expert parallelism combined with tensor or data parallelism",
+        ),
+        (
+            "model: mixtral-tiny\nplan: {expert_parallel: 3}\nhardware: {name: g, target: gpu, devices: 3}\n",
+            f"{X}: plan.expert_parallel: 4 experts (num_local_experts) do not split evenly over 3 ranks",
+        ),
+        (
+            "model: mixtral-tiny\nplan: {expert_dispatch: all_to_all}\nhardware: gpu-1\n",
+            f"{X}: plan.expert_dispatch: only used with expert_parallel > 1",
         ),
         ("model: llama-tiny\nplan: [megatron\n", f"{X}:3: malformed YAML: "),
         ("- model\n- plan\n", f"{X}: expected a mapping, got ['model', 'plan']"),

@@ -446,6 +446,17 @@ def _constant_pad(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any
     return x
 
 
+@lowering("topk")
+def _topk(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    x, k = args[0], args[1]
+    dim = _dim(args[2] if len(args) > 2 else kwargs.get("dim", -1), len(x.shape))
+    largest = args[3] if len(args) > 3 else kwargs.get("largest", True)
+    ordered = args[4] if len(args) > 4 else kwargs.get("sorted", True)
+    if dim != len(x.shape) - 1 or not largest or not ordered:
+        raise CaptureError("aten.topk is supported for the largest values along the last dim, sorted")
+    return b.emit("topk", [x], k=k), b.emit("topk_index", [x], "int64", k=k)
+
+
 @lowering("gather")
 def _gather(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
     x, dim, index = args[:3]
@@ -530,6 +541,14 @@ def _reduce_scatter(b: GraphBuilder, name: str, args: list, kwargs: dict, out: A
     attrs = {"dim": dim} if dim else {}
     return b.emit("reduce_scatter", [source], shape=_out_shape(out), reduce=args[1],
                   group=args[3], **attrs)
+
+
+@lowering("all_to_all_single")
+def _all_to_all(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    source, input_splits, group = args[0], args[2], args[3]
+    rows, world = source.shape[0], len(group)
+    in_splits = tuple(input_splits) if input_splits else (rows // world,) * world
+    return b.emit("all_to_all", [source], shape=_out_shape(out), in_splits=in_splits, group=group)
 
 
 def _scattered_along(b: GraphBuilder, ref: Ref, world: int) -> tuple[Ref, int]:

@@ -27,7 +27,8 @@ from .dtensor import has_dtensor, local_tensor, sharding_propagation_unrecorded
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _CAPTURE_DIR = os.path.dirname(__file__)
-_COLLECTIVE_GROUP_ARG = {"all_reduce": 2, "all_gather_into_tensor": 2, "reduce_scatter_tensor": 3}
+_COLLECTIVE_GROUP_ARG = {"all_reduce": 2, "all_gather_into_tensor": 2, "reduce_scatter_tensor": 3,
+                         "all_to_all_single": 3}
 _aten = torch.ops.aten
 # Backward ops recorded as the core ops torch's own decompositions spell them in.
 DECOMPOSED = get_decompositions([

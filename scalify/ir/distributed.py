@@ -7,7 +7,8 @@ from dataclasses import dataclass, replace
 from ..errors import ScalifyError
 from .graph import Graph, Node
 
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+_SHAPES_MAY_DIFFER = ("all_to_all",)  # each rank receives its own blocks
 
 
 @dataclass
@@ -36,9 +37,9 @@ def merge_ranks(graphs: list[Graph]) -> DistributedGraph:
         for node in graph:
             name = qualified(rank, node.name)
             if name in partners:
-                members, index = partners[name]
+                members, index, extra = partners[name]
                 node = replace(node, inputs=tuple(qualified(m, i) for m, i in members),
-                               attrs=node.attrs + (("index", index),))
+                               attrs=node.attrs + (("index", index),) + extra)
             else:
                 node = replace(node, inputs=tuple(qualified(rank, i) for i in node.inputs))
             nodes[name] = replace(node, name=name)
@@ -52,7 +53,9 @@ def merge_ranks(graphs: list[Graph]) -> DistributedGraph:
                             order)
 
 
-def _match_collectives(graphs: list[Graph]) -> dict[str, tuple[list[tuple[int, str]], int]]:
+def _match_collectives(graphs: list[Graph]) -> dict[str, tuple[list[tuple[int, str]], int, tuple]]:
+    """Each collective's members (rank, input) in group order, its position in the group, and
+    the attributes it needs from its members (an all_to_all: every member's `in_splits`)."""
     sequences: dict[tuple[int, tuple[int, ...]], list[Node]] = {}
     for rank, graph in enumerate(graphs):
         for node in graph:
@@ -65,15 +68,18 @@ def _match_collectives(graphs: list[Graph]) -> dict[str, tuple[list[tuple[int, s
     partners = {}
     for (rank, group), calls in sequences.items():
         for k, node in enumerate(calls):
-            members = []
+            members, splits = [], []
             for member in group:
                 others = sequences.get((member, group), [])
-                if k >= len(others) or others[k].op != node.op or others[k].shape != node.shape:
+                if k >= len(others) or others[k].op != node.op or (
+                        others[k].shape != node.shape and node.op not in _SHAPES_MAY_DIFFER):
                     raise ScalifyError(
                         f"{node.source}: collective {node.op} #{k} on group {list(group)} of rank "
                         f"{rank} has no matching call on rank {member} (ranks would hang)")
                 members.append((member, others[k].inputs[0]))
-            partners[qualified(rank, node.name)] = (members, group.index(rank))
+                splits.append(others[k].attr("in_splits"))
+            extra = (("member_splits", tuple(splits)),) if node.op == "all_to_all" else ()
+            partners[qualified(rank, node.name)] = (members, group.index(rank), extra)
     return partners
 
 

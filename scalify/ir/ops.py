@@ -216,6 +216,10 @@ def _embedding_grad(grad: torch.Tensor, ids: torch.Tensor, a: Attrs) -> torch.Te
     return out.index_add(0, ids.reshape(-1), grad.reshape(-1, grad.shape[-1]))
 
 
+def _topk_shape(shapes: list[Shape], attrs: Attrs) -> Shape:
+    return shapes[0][:-1] + (attrs["k"],)
+
+
 def _attr_shape(shapes: list[Shape], attrs: Attrs) -> Shape:
     return tuple(attrs["shape"])
 
@@ -292,6 +296,10 @@ for _op in [
     # take: out[..] = x[.., index[..]] (gather along the last dim); untake is its transpose.
     OpDef("take", OPAQUE, _take_shape,
           lambda xs, a: xs[0].gather(-1, xs[1].unsqueeze(-1)).squeeze(-1)),
+    # topk / topk_index: the k largest values along the last dim (sorted) and their positions.
+    OpDef("topk", OPAQUE, _topk_shape, lambda xs, a: torch.topk(xs[0], a["k"], dim=-1).values),
+    OpDef("topk_index", OPAQUE, _topk_shape,
+          lambda xs, a: torch.topk(xs[0], a["k"], dim=-1).indices),
     OpDef("untake", OPAQUE, _untake_shape, lambda xs, a: _untake(xs[0], xs[1], a)),
     # The gradient of an embedding table: rows[ids[..]] += grad[..], over `rows` rows.
     OpDef("embedding_grad", OPAQUE, _embedding_grad_shape,
@@ -299,6 +307,8 @@ for _op in [
     OpDef("all_reduce", COLLECTIVE, _same, _collective),
     OpDef("all_gather", COLLECTIVE, _attr_shape, _collective),
     OpDef("reduce_scatter", COLLECTIVE, _attr_shape, _collective),
+    # all_to_all: rank r receives block r (`in_splits` rows) of every member's input, in order.
+    OpDef("all_to_all", COLLECTIVE, _attr_shape, _collective),
 ]:
     _register(_op)
 

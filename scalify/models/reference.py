@@ -1,16 +1,22 @@
-"""Reference models: HuggingFace's own LlamaForCausalLM / GPT2LMHeadModel, built on the meta device."""
+"""Reference models: HuggingFace's own LlamaForCausalLM / GPT2LMHeadModel / MixtralForCausalLM,
+built on the meta device (Mixtral's experts with the dense dispatch of `scalify.models.moe`)."""
 from __future__ import annotations
 
 from collections.abc import Callable
 
 import torch
 from torch import nn
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PretrainedConfig
+from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MixtralConfig,
+                          MixtralForCausalLM, PretrainedConfig)
 
 from scalify.errors import ConfigError
+from scalify.models.moe import DENSE_EXPERTS
 
-_CONFIGS: dict[str, type[PretrainedConfig]] = {"llama": LlamaConfig, "gpt2": GPT2Config}
-_MODELS: dict[str, type[nn.Module]] = {"llama": LlamaForCausalLM, "gpt2": GPT2LMHeadModel}
+_CONFIGS: dict[str, type[PretrainedConfig]] = {"llama": LlamaConfig, "gpt2": GPT2Config,
+                                               "mixtral": MixtralConfig}
+_MODELS: dict[str, type[nn.Module]] = {"llama": LlamaForCausalLM, "gpt2": GPT2LMHeadModel,
+                                       "mixtral": MixtralForCausalLM}
+_EXTRA: dict[str, dict] = {"mixtral": {"experts_implementation": DENSE_EXPERTS}}
 
 
 def _check_family(family: str) -> None:
@@ -19,9 +25,11 @@ def _check_family(family: str) -> None:
 
 
 def make_hf_config(family: str, config: dict) -> PretrainedConfig:
-    """The HF config for `config` (HF field names), with eager attention and no KV cache."""
+    """The HF config for `config` (HF field names), with eager attention and no KV cache (MoE
+    experts: the dense dispatch)."""
     _check_family(family)
-    return _CONFIGS[family](**{**config, "attn_implementation": "eager", "use_cache": False})
+    return _CONFIGS[family](**{**config, "attn_implementation": "eager", "use_cache": False,
+                               **_EXTRA.get(family, {})})
 
 
 def build_reference(family: str, hf_config: PretrainedConfig) -> nn.Module:

@@ -40,6 +40,10 @@ def _broadcast(gen, choice):
     return {**_left(0, 1)(gen, choice), "z": tensor(gen, 1, K, N), "n": B}
 
 
+def _broadcast_left(gen, choice):
+    return {**_right(0, 1)(gen, choice), "z": tensor(gen, 1, M, K), "n": B}
+
+
 def _psum(gen, choice):
     return {"a": tensor(gen, B, M, K), "b": tensor(gen, B, M, K), "y": tensor(gen, B, K, N),
             "x": tensor(gen, B, M, K), "c": tensor(gen, B, K, N), "e": tensor(gen, B, K, N),
@@ -59,6 +63,9 @@ def rules() -> list[Rule]:
         Rule("matmul-batch-broadcast-right", "(matmul (concat a b d na nb) (expand z d n) r)",
              "(concat (matmul a (expand z d na) r) (matmul b (expand z d nb) r) d na nb)",
              _broadcast, when=("(< d (- r 2))",)),
+        Rule("matmul-batch-broadcast-left", "(matmul (expand z d n) (concat a b d na nb) r)",
+             "(concat (matmul (expand z d na) a r) (matmul (expand z d nb) b r) d na nb)",
+             _broadcast_left, when=("(< d (- r 2))",)),
         Rule("matmul-rows", "(matmul (concat a b d na nb) y r)",
              "(concat (matmul a y r) (matmul b y r) d na nb)", _left(1, 2),
              when=("(= d (- r 2))",)),

@@ -16,12 +16,20 @@ def _same_dim(gen, choice):
     return concat_parts(gen, SHAPE, 2, 2)
 
 
+def _psum_pieces(gen, choice):
+    """Partial sums `a + b` and `x + y` that concatenate along dim 1."""
+    return {"a": tensor(gen, 3, 1, 5), "b": tensor(gen, 3, 1, 5), "x": tensor(gen, 3, 3, 5),
+            "y": tensor(gen, 3, 3, 5), "d": 1, "na": 1, "nb": 3}
+
+
 def rules() -> list[Rule]:
     unsqueezed = lambda gen, c: {"x": tensor(gen, 3, 5), "d": 0, "k": 2, **c}
     return [
         Rule("reduce-over-unsqueeze", "(reduce f (unsqueeze x d) k)",
              "(unsqueeze (reduce f x (- k 1)) d)", unsqueezed, when=("(> k d)",),
              families={"f": REDUCTIONS}),
+        Rule("reduce-over-unit-unsqueeze", "(reduce f (unsqueeze x d) d)", "(unsqueeze x d)",
+             lambda gen, c: {"x": tensor(gen, 3, 5), "d": 1, **c}, families={"f": REDUCTIONS}),
         Rule("normalize-over-unsqueeze", "(softmax f (unsqueeze x d) k)",
              "(unsqueeze (softmax f x (- k 1)) d)", unsqueezed, when=("(> k d)",),
              families={"f": NORMALIZATIONS}),
@@ -32,6 +40,8 @@ def rules() -> list[Rule]:
              '(psum (reduce "sum" a d) (reduce "sum" b d))', _same_dim),
         Rule("amax-over-concat-dim", '(reduce "amax" (concat a b d na nb) d)',
              '(pmax (reduce "amax" a d) (reduce "amax" b d))', _same_dim),
+        Rule("concat-of-psums", "(concat (psum a b) (psum x y) d na nb)",
+             "(psum (concat a x d na nb) (concat b y d na nb))", _psum_pieces),
         Rule("sum-over-psum", '(reduce "sum" (psum a b) k)',
              '(psum (reduce "sum" a k) (reduce "sum" b k))',
              lambda gen, c: {"a": tensor(gen, *SHAPE), "b": tensor(gen, *SHAPE), "k": 1}),

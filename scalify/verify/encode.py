@@ -77,6 +77,8 @@ def encode(node: Node, args: list[str], arg_shapes: list[tuple[int, ...]]) -> st
         return nest("pmax" if attrs["reduce"] == "max" else "psum", args)
     if op == "all_gather":
         return concat_terms(args, [s[0] for s in arg_shapes], 0)
+    if op == "all_to_all":
+        return _all_to_all(attrs["index"], args, attrs["member_splits"])
     if op == "reduce_scatter":
         dim = attrs.get("dim", 0)
         size = node.shape[dim]
@@ -84,6 +86,15 @@ def encode(node: Node, args: list[str], arg_shapes: list[tuple[int, ...]]) -> st
         return f"(slice {nest('psum', args)} {dim} {start} {start + size})"
     key = render(op_key(op, _attrs(node, "shape")))
     return f"(opaque{len(args)} {key} {' '.join(args)})"
+
+
+def _all_to_all(rank: int, args: list[str], member_splits: tuple) -> str:
+    """Rank `rank`'s output: block `rank` of every member's input, concatenated along dim 0."""
+    blocks = []
+    for arg, splits in zip(args, member_splits):
+        start = sum(splits[:rank])
+        blocks.append(f"(slice {arg} 0 {start} {start + splits[rank]})")
+    return concat_terms(blocks, [splits[rank] for splits in member_splits], 0)
 
 
 def _family_collective(node: Node, arg: str, arg_shape: tuple[int, ...]) -> str:

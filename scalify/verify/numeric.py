@@ -31,6 +31,10 @@ def _value(node: Node, inputs: list[torch.Tensor]) -> torch.Tensor:
         return stacked.amax(0) if attrs["reduce"] == "max" else stacked.sum(0)
     if node.op == "all_gather":
         return torch.cat(inputs, 0)
+    if node.op == "all_to_all":
+        rank = attrs["index"]
+        return torch.cat([x.narrow(0, sum(splits[:rank]), splits[rank])
+                          for x, splits in zip(inputs, attrs["member_splits"])], 0)
     if node.op == "reduce_scatter":
         total, dim = torch.stack(inputs).sum(0), attrs.get("dim", 0)
         size = node.shape[dim]

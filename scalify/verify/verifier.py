@@ -14,9 +14,9 @@ from functools import cached_property
 from typing import Callable
 
 from ..errors import ShapeError
-from ..ir.distributed import DistributedGraph, constant_terms
+from ..ir.distributed import COLLECTIVES, DistributedGraph, constant_terms
 from ..ir.graph import Graph, Node, SourceLoc
-from ..ir.ops import OPS
+from ..ir.ops import MOVEMENT, OPS
 from ..placements import Custom, Placement, Replicate
 from ..report.model import Discrepancy
 from ..rules.families import LINEAR_UNARY_OPS
@@ -351,6 +351,17 @@ class Verifier:
 
     # Diagnostics.
 
+    def _collective_receiving(self, name: str) -> Node | None:
+        """The collective that receives rank tensor `name`, directly or through data movement."""
+        names = {name}
+        for node in self.dist.graph:
+            if names & set(node.inputs):
+                if node.op in COLLECTIVES:
+                    return node
+                if OPS[node.op].trait == MOVEMENT:
+                    names.add(node.name)
+        return None
+
     def _discrepancy(self, node: Node, inputs: list[Relation], found: App,
                      window: list[str]) -> Discrepancy:
         described = [describe(parse(r.term), self.labels) for r in inputs]
@@ -358,18 +369,25 @@ class Verifier:
             (self.dist.rank_of(w) for w in window), default=0)]
         partials = [(i, _partial(parse(r.term))) for i, r in enumerate(inputs)]
         partial = next(((i, found) for i, found in partials if found), None)
+        sent: list[SourceLoc] = []  # a collective that received the partial sum
         if partial is not None:
             position, (kind, term) = partial
             producer = self.dist.graph[leaves(term)[0]]
             primary = producer.source
             hint = (f"input {position} is a partial {kind} over ranks (from {producer.source}): "
                     f"an all_reduce is missing before this {node.op}")
+            collective = self._collective_receiving(producer.name)
+            if collective is not None:  # the partial sum is sent, but not summed into this value
+                sent.append(collective.source)
+                hint = (f"input {position} is a partial {kind} over ranks (from "
+                        f"{producer.source}) that the {collective.op} at {collective.source} "
+                        f"does not sum into this {node.op}'s input")
         else:
             same_op = [n for n in lowest if self.dist.graph[n].op == node.op]
             chosen = (same_op or lowest or [None])[0]
             primary = self.dist.graph[chosen].source if chosen else SourceLoc()
             hint = _hint(node, found) + _layout_hint(self._sharded_inputs(node))
-        nearby = list(dict.fromkeys(self.dist.graph[n].source for n in lowest))[:10]
+        nearby = sent + list(dict.fromkeys(self.dist.graph[n].source for n in lowest))[:10]
         return Discrepancy(node.op, node.name, node.source.module, node.source, primary,
                            found=describe(found, self.labels),
                            expected="a relation to the ranks' tensors (Replicate, Shard or Partial)",

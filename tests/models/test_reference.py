@@ -7,7 +7,7 @@ import torch
 from scalify.errors import ConfigError
 from scalify.models import PRESETS, build_reference, example_inputs, make_hf_config, reference_forward
 
-LAYER_FIELD = {"llama": "num_hidden_layers", "gpt2": "n_layer"}
+LAYER_FIELD = {"llama": "num_hidden_layers", "gpt2": "n_layer", "mixtral": "num_hidden_layers"}
 
 
 def one_layer_config(preset_name: str):

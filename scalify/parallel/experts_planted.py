@@ -1,0 +1,74 @@
+"""Planted expert-parallel bugs: small variants of the expert-parallel Mixtral's modules.
+
+The line that does the wrong thing carries `# planted: <name>`; a verifier should point at it.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+from torch import nn
+from transformers import MixtralConfig
+from transformers.models.mixtral.modeling_mixtral import MixtralTopKRouter
+
+from scalify.models.moe import combine, expert_outputs
+from scalify.parallel.experts import AllToAllExperts, ExpertParallelExperts, ExpertsClass
+from scalify.parallel.layers import all_reduce_sum, divide
+
+EXPERT_PARALLEL_BUGS: dict[str, str] = {
+    "ep-combine-weights-twice": "expert-parallel mixtral multiplies the experts' outputs by the "
+                                "routing weights before combining them with the weights again",
+    "ep-topk-local-experts": "expert-parallel mixtral's router takes the top-k over the rank's "
+                             "own experts instead of all experts",
+    "ep-wrong-split-sizes": "all-to-all expert-parallel mixtral (2 ranks): the combine's split "
+                            "sizes move the token-block boundary by one, so each rank sums a "
+                            "neighbour's token into its own block",
+}
+
+
+class WeightsTwiceExperts(ExpertParallelExperts):
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor:
+        weights = self.local_weights(top_k_index, top_k_weights)
+        outputs = expert_outputs(self, hidden_states) * weights.transpose(0, 1).unsqueeze(-1)
+        partial = combine(outputs, weights)  # planted: ep-combine-weights-twice
+        return all_reduce_sum(partial).to(hidden_states.dtype)
+
+
+class WrongSplitsAllToAllExperts(AllToAllExperts):
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor:
+        world, rank = dist.get_world_size(), dist.get_rank()
+        block = divide(hidden_states.shape[0], world, "tokens (batch * seq)")
+        own = hidden_states[rank * block:(rank + 1) * block]
+        tokens = self.dispatch(torch.cat([own] * world, dim=0))
+        partial = combine(expert_outputs(self, tokens), self.local_weights(top_k_index, top_k_weights))
+        splits = [block + 1 if peer == rank else block - 1 for peer in range(world)]
+        received = funcol.all_to_all_single(partial, splits, splits, dist.group.WORLD)  # planted: ep-wrong-split-sizes
+        summed = received.view(world, block, -1).sum(dim=0)
+        return funcol.all_gather_single(summed, 0, dist.group.WORLD).to(hidden_states.dtype)
+
+
+class LocalTopKRouter(MixtralTopKRouter):
+    """HF's router whose top-k sees only this rank's experts."""
+
+    def __init__(self, config: MixtralConfig, rank: int, world_size: int) -> None:
+        super().__init__(config)
+        self.local_experts = divide(self.num_experts, world_size, "num_local_experts")
+        self.first_expert = rank * self.local_experts
+
+    def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        hidden_states = hidden_states.reshape(-1, self.hidden_dim)
+        router_logits = nn.functional.linear(hidden_states, self.weight)
+        router_probs = torch.softmax(router_logits.float(), dim=-1)
+        local = slice(self.first_expert, self.first_expert + self.local_experts)
+        top_value, top_index = torch.topk(router_probs[:, local], self.top_k, dim=-1)  # planted: ep-topk-local-experts
+        top_value = top_value / top_value.sum(dim=-1, keepdim=True)
+        return router_logits, top_value, top_index + self.first_expert
+
+
+PLANTED_EXPERTS: dict[str, ExpertsClass] = {"ep-combine-weights-twice": WeightsTwiceExperts,
+                                             "ep-wrong-split-sizes": WrongSplitsAllToAllExperts}
+PLANTED_ROUTERS = {"ep-topk-local-experts": LocalTopKRouter}
+PLANTED_DISPATCH = {"ep-combine-weights-twice": "all_reduce",
+                    "ep-wrong-split-sizes": "all_to_all"}  # the dispatch each bug lives in

@@ -50,6 +50,7 @@ class PlanSpec:
     tensor_parallel: int = 1
     sequence_parallel: bool = False
     data_parallel: int = 1
+    pipeline_parallel: int = 1
     micro_batches: int = 1
     zero_stage: int = 0
     logits: str = "gathered"
@@ -126,7 +127,7 @@ class Experiment:
 
     def world_size(self) -> int:
         """Number of ranks the plan runs on."""
-        return self.plan.tensor_parallel * self.plan.data_parallel
+        return self.plan.tensor_parallel * self.plan.data_parallel * self.plan.pipeline_parallel
 
     def to_dict(self) -> dict:
         """Plain nested data, for reports."""
@@ -307,12 +308,31 @@ def _check_plan_style(plan: PlanSpec, fields: Located, where: _Where) -> None:
                                         "entry decides whether logits are gathered")
 
 
+def _check_pipeline(plan: PlanSpec, model: ModelSpec, fields: Located, where: _Where) -> None:
+    """Pipeline parallelism runs alone (no TP or DP), megatron style, on llama, with at least
+    one decoder layer per stage."""
+    if plan.pipeline_parallel == 1:
+        return
+    field = fields["pipeline_parallel"][1]
+    if plan.tensor_parallel > 1 or plan.data_parallel > 1:
+        raise field.error("pipeline parallelism combined with tensor or data parallelism is not "
+                          "supported yet: set tensor_parallel and data_parallel to 1")
+    if plan.style != "megatron" or model.family != "llama":
+        raise field.error(f"pipeline parallelism exists for megatron-style llama, not "
+                          f"{plan.style} {model.family}")
+    layers = int(model.config.get("num_hidden_layers", 0))
+    if layers < plan.pipeline_parallel:
+        raise field.error(f"{plan.pipeline_parallel} stages need at least as many decoder layers "
+                          f"(the model has {layers})")
+
+
 _SCHEMAS: dict[type, dict[str, Checker]] = {
     PlanSpec: {
         "style": _choice(*PLAN_STYLES),
         "tensor_parallel": _positive_int,
         "sequence_parallel": _boolean,
         "data_parallel": _positive_int,
+        "pipeline_parallel": _positive_int,
         "micro_batches": _positive_int,
         "zero_stage": _int_choice(0, 1, 2),
         "logits": _choice(*LOGITS_MODES),
@@ -436,7 +456,8 @@ def load_experiment(source: str | os.PathLike | dict) -> Experiment:
     plan = _build(PlanSpec, *sections["plan"])
     _check_plan_style(plan, *sections["plan"])
     hardware = _build(HardwareSpec, *sections["hardware"])
-    world = plan.tensor_parallel * plan.data_parallel
+    world = plan.tensor_parallel * plan.data_parallel * plan.pipeline_parallel
+    _check_pipeline(plan, model, *sections["plan"])
     if plan.tensor_parallel > 1 and plan.data_parallel > 1:
         raise sections["plan"][0]["data_parallel"][1].error(
             "data parallelism combined with tensor parallelism (a 2-D mesh) is not supported yet: "
@@ -447,7 +468,8 @@ def load_experiment(source: str | os.PathLike | dict) -> Experiment:
     if hardware.devices != world:
         raise sections["hardware"][0]["devices"][1].error(
             f"{hardware.devices} devices do not match the plan's world size {world} "
-            f"(tensor_parallel={plan.tensor_parallel}, data_parallel={plan.data_parallel})"
+            f"(tensor_parallel={plan.tensor_parallel}, data_parallel={plan.data_parallel}, "
+            f"pipeline_parallel={plan.pipeline_parallel})"
         )
     return Experiment(
         name=_text(*top["name"]) if "name" in top else origin.default_name,

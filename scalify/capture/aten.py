@@ -510,6 +510,19 @@ def _reduce_scatter(b: GraphBuilder, name: str, args: list, kwargs: dict, out: A
                   group=args[3], **attrs)
 
 
+# Point-to-point (c10d.send / c10d.recv_ on a list of one tensor): `peer` is a global rank.
+@lowering("send")
+def _send(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    (tensor,), _, peer, tag = args
+    return b.emit("send", [tensor], peer=peer, tag=tag)
+
+
+@lowering("recv")
+def _recv(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    (buffer,), _, peer, tag = args
+    return b.emit("recv", [], buffer.dtype, shape=buffer.shape, peer=peer, tag=tag)
+
+
 def _scattered_along(b: GraphBuilder, ref: Ref, world: int) -> tuple[Ref, int]:
     """`(x, e)` when `ref` stacks the `world` equal blocks of x along dim e on dim 0 (how
     functional collectives reduce-scatter along e), else `(ref, 0)`."""

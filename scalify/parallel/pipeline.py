@@ -148,8 +148,9 @@ class PipelineSchedule:
 
     def train(self, model: nn.Module, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """(the loss on the last stage, then) the gradient of every parameter the stage holds."""
-        tokens = target_tokens(inputs["labels"])
         parts = micro_batches(inputs, self.micro_batches)
+        counts = [target_tokens(part["labels"]) for part in parts]  # the whole batch's, per part
+        tokens = sum(counts[1:], counts[0])
         runs, losses = [], []
         for part in parts:
             stage_input, output = self.forward(model, part)

@@ -55,6 +55,9 @@ def _grads(gen, choice):
 
 def rules() -> list[Rule]:
     return [
+        # A rank adding up its micro-batches' partial results (e.g. token counts).
+        Rule("sum-of-two-parts", "(psum a b)", '(binary "add" a b)',
+             lambda gen, c: {"a": tensor(gen, *SHAPE), "b": tensor(gen, *SHAPE)}),
         Rule("compare-over-concat", "(cmp_int f (concat a b d na nb) v)",
              "(concat (cmp_int f a v) (cmp_int f b v) d na nb)", _compare,
              families={"f": ("lt", "le", "gt", "ge", "eq", "ne")}),

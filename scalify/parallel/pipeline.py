@@ -98,17 +98,23 @@ class PipelineSchedule:
         hidden = receive((batch, seq, model.config.hidden_size), self.stage - 1, model)
         return hidden.requires_grad_(torch.is_grad_enabled())
 
-    def run_layers(self, model: nn.Module, hidden: torch.Tensor,
-                   attention_mask: torch.Tensor) -> torch.Tensor:
-        """The stage's decoder layers, with the causal mask and rotary embeddings HF's model builds."""
+    def layer_context(self, model: nn.Module, hidden: torch.Tensor,
+                      attention_mask: torch.Tensor) -> dict:
+        """The causal mask, positions and rotary embeddings HF's model gives every layer."""
         position_ids = (torch.arange(hidden.shape[1], device=hidden.device) + 0).unsqueeze(0)
         mask = create_causal_mask(config=model.config, inputs_embeds=hidden,
                                   attention_mask=attention_mask, past_key_values=None,
                                   position_ids=position_ids)
-        position_embeddings = model.model.rotary_emb(hidden, position_ids=position_ids)
+        return {"attention_mask": mask, "position_ids": position_ids, "past_key_values": None,
+                "position_embeddings": model.model.rotary_emb(hidden, position_ids=position_ids),
+                "use_cache": False}
+
+    def run_layers(self, model: nn.Module, hidden: torch.Tensor,
+                   attention_mask: torch.Tensor) -> torch.Tensor:
+        """The stage's decoder layers, in order."""
+        context = self.layer_context(model, hidden, attention_mask)
         for layer in model.model.layers.values():
-            hidden = layer(hidden, attention_mask=mask, position_embeddings=position_embeddings,
-                           position_ids=position_ids, past_key_values=None, use_cache=False)
+            hidden = layer(hidden, **context)
         return hidden
 
     def forward(self, model: nn.Module, part: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

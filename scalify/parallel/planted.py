@@ -221,9 +221,17 @@ class LateStartSchedule(PipelineSchedule):
 
 
 class DuplicatedLayerSchedule(PipelineSchedule):
+    """Stage 0 also holds stage 1's first layer and runs it (stage 1 runs it again)."""
+
     def block(self, stage: int) -> LayerBlock:
         block = super().block(stage)
-        return LayerBlock(block.start, block.stop + 1) if stage == 0 else block  # planted: pp-stage-boundary-duplicated
+        return LayerBlock(block.start, block.stop + (stage == 0))
+
+    def run_layers(self, model: nn.Module, hidden: torch.Tensor,
+                   attention_mask: torch.Tensor) -> torch.Tensor:
+        context = self.layer_context(model, hidden, attention_mask)
+        for layer in model.model.layers.values(): hidden = layer(hidden, **context)  # planted: pp-stage-boundary-duplicated
+        return hidden
 
 
 class PerMicroBatchLossSchedule(PipelineSchedule):

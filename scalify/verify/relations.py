@@ -125,7 +125,8 @@ def stage_relation(target: str, placement: Stage, ref_shape: Shape, name: str,
 
 def output_holders(placements: list[Placement], position: int, world: int) -> list[tuple[int, int]]:
     """(rank, index among that rank's outputs) of reference output `position`: each rank returns,
-    in order, the outputs it holds (all but the other ranks' `Stage` outputs)."""
+    in order, the outputs it holds (all but the other ranks' `Stage` outputs). A symbolic
+    program is one rank (world 1) standing for all."""
     def held(placement: Placement, rank: int) -> bool:
         return not isinstance(placement, Stage) or placement.holds(rank)
 

@@ -338,7 +338,7 @@ class Verifier:
             if relation is None:
                 continue
             rank_outputs = [self.dist.rank_outputs[rank][index] for rank, index
-                            in output_holders(placements, position, self.dist.world_size)]
+                            in output_holders(placements, position, len(self.dist.rank_outputs))]
             shapes = [self.dist.graph[n].shape for n in rank_outputs]
             held = Replicate() if isinstance(placement, Stage) else placement  # on its one rank
             expected = expected_output(held, rank_outputs, shapes, self.dist.symbolic)

@@ -34,6 +34,7 @@ class Cell:
     gap: str | None = None  # why this correct configuration is not provable yet
     batch: int = 1
     rank_symmetry: bool = True
+    layers: int = 1  # decoder layers of the tiny model
 
     @property
     def name(self) -> str:
@@ -43,14 +44,16 @@ class Cell:
 
     def world_size(self) -> int:
         fields = dict(self.plan_fields)
-        return int(fields.get("tensor_parallel", 1)) * int(fields.get("data_parallel", 1))
+        return (int(fields.get("tensor_parallel", 1)) * int(fields.get("data_parallel", 1))
+                * int(fields.get("pipeline_parallel", 1)))
 
     def experiment(self) -> dict:
         world = self.world_size()
         return {"name": self.name, "model": f"{self.family}-tiny",
                 "plan": {"tensor_parallel": 1, **dict(self.plan_fields), "planted_bug": self.bug},
                 "hardware": {"name": f"gpu-{world}", "target": "gpu", "devices": world},
-                "inputs": {"batch": self.batch, "seq": 8}, "overrides": {_LAYERS[self.family]: 1},
+                "inputs": {"batch": self.batch, "seq": 8},
+                "overrides": {_LAYERS[self.family]: self.layers},
                 "verify": {"backward": self.backward, "rank_symmetry": self.rank_symmetry}}
 
 
@@ -61,6 +64,8 @@ def _cells() -> list[Cell]:
     zero2 = (("data_parallel", 2), ("zero_stage", 2))
     micro = (("data_parallel", 2), ("micro_batches", 2))
     hf = (("style", "dtensor"), ("tensor_parallel", 2), ("dtensor_plan", "hf"))
+    pp2 = (("pipeline_parallel", 2),)
+    pp2_micro = (("pipeline_parallel", 2), ("micro_batches", 2))
     return [
         Cell("llama", "TP2", False, tp2),
         Cell("gpt2", "TP2", False, tp2),
@@ -79,6 +84,12 @@ def _cells() -> list[Cell]:
         Cell("llama", "DP2", True, dp2, bug="dp-mean-of-means", batch=2),
         Cell("llama", "DP2", True, dp2, bug="dp-grads-averaged", batch=2),
         Cell("llama", "DTensor hf TP2", False, hf, bug="dtensor-global-heads-reshape"),
+        Cell("llama", "PP2", False, pp2, layers=2),
+        Cell("llama", "PP2 x2 micro-batches", False, pp2_micro, batch=2, layers=2),
+        Cell("llama", "PP2 x2 micro-batches", True, pp2_micro, batch=2, layers=2),
+        Cell("llama", "PP2", False, pp2, bug="pp-stage-boundary-duplicated", layers=2),
+        Cell("llama", "PP2 x2 micro-batches", True, pp2_micro,
+             bug="pp-loss-normalised-per-microbatch", batch=2, layers=2),
         Cell("gpt2", "TP2", True, tp2, gap="fused [q|k|v] gradient blocks contract across "
                                            "blocks and ranks; no rule joins them yet"),
         Cell("llama", "DP2 x2 micro-batches", True, micro, batch=4,

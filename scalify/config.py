@@ -468,8 +468,8 @@ def load_experiment(source: str | os.PathLike | dict) -> Experiment:
     if hardware.devices != world:
         raise sections["hardware"][0]["devices"][1].error(
             f"{hardware.devices} devices do not match the plan's world size {world} "
-            f"(tensor_parallel={plan.tensor_parallel}, data_parallel={plan.data_parallel}, "
-            f"pipeline_parallel={plan.pipeline_parallel})"
+            f"(tensor_parallel={plan.tensor_parallel}, data_parallel={plan.data_parallel}"
+            + (f", pipeline_parallel={plan.pipeline_parallel})" if plan.pipeline_parallel > 1 else ")")
         )
     return Experiment(
         name=_text(*top["name"]) if "name" in top else origin.default_name,

@@ -83,10 +83,10 @@ class PipelineSchedule:
         """The contiguous block of layers stage `stage` holds."""
         return LayerBlock(stage * self.layers // self.stages, (stage + 1) * self.layers // self.stages)
 
-    def held(self, names: tuple[str, ...]) -> list[str]:
+    def held(self) -> list[str]:
         """The names (in order) of the parameters this stage holds."""
         block = set(self.block(self.stage))
-        return [name for name in names if _held_by(name, block, self.first, self.last)]
+        return [name for name in self.names if _held_by(name, block, self.first, self.last)]
 
     # Forward.
 
@@ -120,12 +120,12 @@ class PipelineSchedule:
     def forward(self, model: nn.Module, part: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """(the stage's input, its output): hidden states, or logits on the last stage (sent on
         to the next stage otherwise)."""
-        inputs = self.stage_input(model, part)
-        hidden = self.run_layers(model, inputs, part["attention_mask"])
+        stage_input = self.stage_input(model, part)
+        hidden = self.run_layers(model, stage_input, part["attention_mask"])
         if self.last:
-            return inputs, model.lm_head(model.model.norm(hidden))
+            return stage_input, model.lm_head(model.model.norm(hidden))
         dist.send(hidden, self.stage + 1)
-        return inputs, hidden
+        return stage_input, hidden
 
     def logits(self, model: nn.Module, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """The forward of every micro-batch; the last stage returns the logits."""
@@ -138,11 +138,11 @@ class PipelineSchedule:
         """A micro-batch's loss, normalised by the target tokens of the whole batch."""
         return ForCausalLMLoss(logits, labels, logits.shape[-1], num_items_in_batch=tokens)
 
-    def backward(self, model: nn.Module, inputs: torch.Tensor, output: torch.Tensor,
+    def backward(self, model: nn.Module, stage_input: torch.Tensor, output: torch.Tensor,
                  params: list[torch.Tensor]) -> Grads:
         """The gradients of `params` for one micro-batch; the gradient of the received input
         goes back to the previous stage."""
-        wanted = params if self.first else [*params, inputs]
+        wanted = params if self.first else [*params, stage_input]
         if self.last:
             grads = list(torch.autograd.grad(output, wanted))
         else:
@@ -155,8 +155,8 @@ class PipelineSchedule:
     def train(self, model: nn.Module, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """(the loss on the last stage, then) the gradient of every parameter the stage holds."""
         parts = micro_batches(inputs, self.micro_batches)
-        counts = [target_tokens(part["labels"]) for part in parts]  # the whole batch's, per part
-        tokens = sum(counts[1:], counts[0])
+        counts = [target_tokens(part["labels"]) for part in parts]
+        tokens = sum(counts[1:], counts[0])  # the whole batch's target tokens
         runs, losses = [], []
         for part in parts:
             stage_input, output = self.forward(model, part)
@@ -165,7 +165,7 @@ class PipelineSchedule:
                 losses.append(output.detach())
             runs.append((stage_input, output))
         named = dict(model.named_parameters())
-        params = [named[name] for name in self.held(self.names)]
+        params = [named[name] for name in self.held()]
         total: Grads | None = None
         for stage_input, output in runs:
             grads = self.backward(model, stage_input, output, params)
@@ -196,7 +196,7 @@ def stage_placements(schedule: PipelineSchedule) -> dict[str, Placement]:
     on stage 0; the final norm and lm_head on the last stage)."""
     plan = PipelineSchedule(schedule.names, 0, schedule.stages, schedule.layers)
     return {name: Stage(stage) for stage in range(plan.stages)
-            for name in replace(plan, stage=stage).held(plan.names)}
+            for name in replace(plan, stage=stage).held()}
 
 
 def check_every_layer_held(schedule: PipelineSchedule) -> None:

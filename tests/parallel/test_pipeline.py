@@ -66,3 +66,13 @@ def test_a_missing_stage_parameter_is_a_clear_input_error():
 
     with pytest.raises(scalify.errors.ShapeError, match="w: Stage\\(1\\) says rank 1 holds it"):
         stage_relation("w", Stage(1), (2, 3), "r1/w", None)
+
+
+def test_three_stages_verify_a_training_step():
+    """The middle stage receives its input, sends its output on and its input's gradient back."""
+    report = scalify.verify({**_experiment(pipeline_parallel=3), "inputs": {"batch": 1, "seq": 8},
+                             "hardware": {"name": "gpu", "target": "gpu", "devices": 3},
+                             "overrides": {"model.num_hidden_layers": 3},
+                             "verify": {"backward": True}}, numeric=True)
+    assert report.verdict == "verified" and report.numeric["agrees"]
+    assert "point-to-point" in report.stats["rank_symmetry"]

@@ -364,10 +364,15 @@ class Verifier:
         partial = next((i for i, r in enumerate(inputs) if parse(r.term).head in ("psum", "rsum")),
                        None)
         if partial is not None:
-            producer = self.dist.graph[leaves(parse(inputs[partial].term))[0]]
+            names = leaves(parse(inputs[partial].term))
+            producer = self.dist.graph[names[0]]
             primary = producer.source
             hint = (f"input {partial} is a partial sum over ranks (from {producer.source}): an "
                     f"all_reduce is missing before this {node.op}")
+            if not self.dist.symbolic and len({self.dist.rank_of(n) for n in names}) == 1:
+                hint = (f"input {partial} is a sum of parts that rank {self.dist.rank_of(names[0])} "
+                        f"computes separately (e.g. per micro-batch, from {producer.source}) but "
+                        f"never adds up before this {node.op}")
         else:
             same_op = [n for n in lowest if self.dist.graph[n].op == node.op]
             chosen = (same_op or lowest or [None])[0]

@@ -70,9 +70,9 @@ def verify_modules(reference: nn.Module, rank_module_factory: Callable[[int], nn
     options = options or VerifyOptions()
     symbolic, symmetry = None, "off"
     if options.rank_symmetry:
-        symbolic, symmetry = symbolic_program(rank_graphs)
-        if symbolic is not None and not even_placements(placements, world_size):
-            symbolic, symmetry = None, "a placement repeats chunks across ranks or is Custom"
+        symbolic, symmetry = (symbolic_program(rank_graphs) if even_placements(placements, world_size)
+                              else (None, "a placement repeats chunks across ranks or is Custom or "
+                                    "Stage (pipeline stages run different programs)"))
     # The per-rank graph is needed to verify without symmetry and to run the numbers.
     dist = merge_ranks(rank_graphs) if symbolic is None or numeric else None
     outputs = output_placements or [Replicate()] * len(ref_graph.outputs)

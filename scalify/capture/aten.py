@@ -510,7 +510,8 @@ def _reduce_scatter(b: GraphBuilder, name: str, args: list, kwargs: dict, out: A
                   group=args[3], **attrs)
 
 
-# Point-to-point (c10d.send / c10d.recv_ on a list of one tensor): `peer` is a global rank.
+# Point-to-point (c10d.send / c10d.recv_ on a list of one tensor): `peer` is a rank of the
+# default group (sub-group peers are not resolved).
 @lowering("send")
 def _send(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
     (tensor,), _, peer, tag = args

@@ -75,4 +75,4 @@ def test_three_stages_verify_a_training_step():
                              "overrides": {"model.num_hidden_layers": 3},
                              "verify": {"backward": True}}, numeric=True)
     assert report.verdict == "verified" and report.numeric["agrees"]
-    assert "point-to-point" in report.stats["rank_symmetry"]
+    assert "Stage" in report.stats["rank_symmetry"]  # stages run different programs

@@ -68,3 +68,10 @@ def test_a_shape_mismatch_names_both_lines():
 def test_point_to_point_programs_are_not_symbolic():
     program, why = symbolic_program([_sender("x"), _receiver(1)])
     assert program is None and "point-to-point" in why
+
+
+def test_a_received_tensor_returned_as_an_output_is_the_sent_one():
+    receiver = _receiver(1)
+    receiver.outputs = ["r0"]
+    merged = merge_ranks([_sender("y"), receiver])
+    assert merged.rank_outputs == [[], ["r0/y"]]

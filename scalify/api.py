@@ -71,7 +71,8 @@ def verify_modules(reference: nn.Module, rank_module_factory: Callable[[int], nn
     symbolic, symmetry = None, "off"
     if options.rank_symmetry:
         symbolic, symmetry = (symbolic_program(rank_graphs) if even_placements(placements, world_size)
-                              else (None, "a placement repeats chunks across ranks or is Custom"))
+                              else (None, "a placement repeats chunks across ranks or is Custom or "
+                                    "Stage (pipeline stages run different programs)"))
     # The per-rank graph is needed to verify without symmetry and to run the numbers.
     dist = merge_ranks(rank_graphs) if symbolic is None or numeric else None
     outputs = output_placements or [Replicate()] * len(ref_graph.outputs)

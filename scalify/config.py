@@ -53,6 +53,7 @@ class PlanSpec:
     tensor_parallel: int = 1
     sequence_parallel: bool = False
     data_parallel: int = 1
+    pipeline_parallel: int = 1
     micro_batches: int = 1
     zero_stage: int = 0
     logits: str = "gathered"
@@ -133,7 +134,8 @@ class Experiment:
 
     def world_size(self) -> int:
         """Number of ranks the plan runs on."""
-        return self.plan.tensor_parallel * self.plan.data_parallel * self.plan.expert_parallel
+        plan = self.plan
+        return plan.tensor_parallel * plan.data_parallel * plan.expert_parallel * plan.pipeline_parallel
 
     def to_dict(self) -> dict:
         """Plain nested data, for reports."""
@@ -332,6 +334,22 @@ def _check_expert_parallel(plan: PlanSpec, model: ModelSpec, fields: Located) ->
     if experts % plan.expert_parallel:
         raise at.error(f"{experts} experts (num_local_experts) do not split evenly over "
                        f"{plan.expert_parallel} ranks")
+def _check_pipeline(plan: PlanSpec, model: ModelSpec, fields: Located, where: _Where) -> None:
+    """Pipeline parallelism runs alone (no TP or DP), megatron style, on llama, with at least
+    one decoder layer per stage."""
+    if plan.pipeline_parallel == 1:
+        return
+    field = fields["pipeline_parallel"][1]
+    if plan.tensor_parallel > 1 or plan.data_parallel > 1 or plan.expert_parallel > 1:
+        raise field.error("pipeline parallelism combined with tensor, data or expert parallelism "
+                          "is not supported yet: set the other degrees to 1")
+    if plan.style != "megatron" or model.family != "llama":
+        raise field.error(f"pipeline parallelism exists for megatron-style llama, not "
+                          f"{plan.style} {model.family}")
+    layers = int(model.config.get("num_hidden_layers", 0))
+    if layers < plan.pipeline_parallel:
+        raise field.error(f"{plan.pipeline_parallel} stages need at least as many decoder layers "
+                          f"(the model has {layers})")
 
 
 _SCHEMAS: dict[type, dict[str, Checker]] = {
@@ -340,6 +358,7 @@ _SCHEMAS: dict[type, dict[str, Checker]] = {
         "tensor_parallel": _positive_int,
         "sequence_parallel": _boolean,
         "data_parallel": _positive_int,
+        "pipeline_parallel": _positive_int,
         "micro_batches": _positive_int,
         "zero_stage": _int_choice(0, 1, 2),
         "logits": _choice(*LOGITS_MODES),
@@ -465,8 +484,10 @@ def load_experiment(source: str | os.PathLike | dict) -> Experiment:
     plan = _build(PlanSpec, *sections["plan"])
     _check_plan_style(plan, *sections["plan"])
     hardware = _build(HardwareSpec, *sections["hardware"])
-    world = plan.tensor_parallel * plan.data_parallel * plan.expert_parallel
+    world = (plan.tensor_parallel * plan.data_parallel * plan.expert_parallel
+             * plan.pipeline_parallel)
     _check_expert_parallel(plan, model, sections["plan"][0])
+    _check_pipeline(plan, model, *sections["plan"])
     if plan.tensor_parallel > 1 and plan.data_parallel > 1:
         raise sections["plan"][0]["data_parallel"][1].error(
             "data parallelism combined with tensor parallelism (a 2-D mesh) is not supported yet: "
@@ -478,7 +499,9 @@ def load_experiment(source: str | os.PathLike | dict) -> Experiment:
         raise sections["hardware"][0]["devices"][1].error(
             f"{hardware.devices} devices do not match the plan's world size {world} "
             f"(tensor_parallel={plan.tensor_parallel}, data_parallel={plan.data_parallel}"
-            + (f", expert_parallel={plan.expert_parallel})" if plan.expert_parallel > 1 else ")")
+            + (f", expert_parallel={plan.expert_parallel}" if plan.expert_parallel > 1 else "")
+            + (f", pipeline_parallel={plan.pipeline_parallel}" if plan.pipeline_parallel > 1 else "")
+            + ")"
         )
     return Experiment(
         name=_text(*top["name"]) if "name" in top else origin.default_name,

@@ -37,10 +37,12 @@ class Cell:
     batch: int = 1
     rank_symmetry: bool = True
     loss: bool = False  # forward up to the loss
+    layers: int = 1  # decoder layers of the tiny model
 
     @property
     def step(self) -> str:
         return "backward" if self.backward else "loss" if self.loss else "forward"
+    layers: int = 1  # decoder layers of the tiny model
 
     @property
     def name(self) -> str:
@@ -51,14 +53,15 @@ class Cell:
     def world_size(self) -> int:
         fields = dict(self.plan_fields)
         return (int(fields.get("tensor_parallel", 1)) * int(fields.get("data_parallel", 1))
-                * int(fields.get("expert_parallel", 1)))
+                * int(fields.get("expert_parallel", 1)) * int(fields.get("pipeline_parallel", 1)))
 
     def experiment(self) -> dict:
         world = self.world_size()
         return {"name": self.name, "model": f"{self.family}-tiny",
                 "plan": {"tensor_parallel": 1, **dict(self.plan_fields), "planted_bug": self.bug},
                 "hardware": {"name": f"gpu-{world}", "target": "gpu", "devices": world},
-                "inputs": {"batch": self.batch, "seq": 8}, "overrides": {_LAYERS[self.family]: 1},
+                "inputs": {"batch": self.batch, "seq": 8},
+                "overrides": {_LAYERS[self.family]: self.layers},
                 "verify": {"backward": self.backward, "loss": self.loss,
                            "rank_symmetry": self.rank_symmetry}}
 
@@ -76,6 +79,8 @@ def _cells() -> list[Cell]:
                "ce-loss-scaled-by-tp")
     ep2 = (("expert_parallel", 2),)
     a2a = (("expert_parallel", 2), ("expert_dispatch", "all_to_all"))
+    pp2 = (("pipeline_parallel", 2),)
+    pp2_micro = (("pipeline_parallel", 2), ("micro_batches", 2))
     return [
         Cell("llama", "TP2", False, tp2),
         Cell("gpt2", "TP2", False, tp2),
@@ -109,6 +114,12 @@ def _cells() -> list[Cell]:
         Cell("mixtral", "EP2", False, ep2, bug="ep-combine-weights-twice"),
         Cell("mixtral", "EP2", False, ep2, bug="ep-topk-local-experts"),
         Cell("mixtral", "EP2 all-to-all", False, a2a, bug="ep-wrong-split-sizes"),
+        Cell("llama", "PP2", False, pp2, layers=2),
+        Cell("llama", "PP2 x2 micro-batches", False, pp2_micro, batch=2, layers=2),
+        Cell("llama", "PP2 x2 micro-batches", True, pp2_micro, batch=2, layers=2),
+        Cell("llama", "PP2", False, pp2, bug="pp-stage-boundary-duplicated", layers=2),
+        Cell("llama", "PP2 x2 micro-batches", True, pp2_micro,
+             bug="pp-loss-normalised-per-microbatch", batch=2, layers=2),
     ]
 
 

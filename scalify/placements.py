@@ -64,6 +64,20 @@ class Partial(Placement):
 
 
 @dataclass(frozen=True)
+class Stage(Placement):
+    """Only rank `rank` holds the reference tensor, whole (a pipeline stage's parameters, its
+    inputs and outputs); the other ranks' programs do not have it at all."""
+
+    rank: int
+
+    def holds(self, rank: int) -> bool:
+        return rank == self.rank
+
+    def __str__(self) -> str:
+        return f"Stage({self.rank})"
+
+
+@dataclass(frozen=True)
 class Piece:
     """Indices [ref_start, ref_start + size) of the reference tensor along the layout's dim are
     indices [local_start, local_start + size) of rank `rank`'s tensor `local` (its name in the

@@ -2,7 +2,7 @@
 the relations the plan promises (parameters and inputs in, outputs out)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -10,7 +10,7 @@ from torch import nn
 
 from .config import Experiment
 from .errors import ConfigError
-from .placements import Placement, Replicate, Shard
+from .placements import Placement, Replicate, Shard, Stage
 from .steps import Step, hf_logits, hf_loss, training_step
 
 
@@ -46,6 +46,7 @@ def programs_for(experiment: Experiment) -> Programs:
     reference_step = Step(reference, run)
     build = (_dtensor if experiment.plan.style == "dtensor" else
              _expert_parallel if experiment.plan.expert_parallel > 1 else
+             _pipeline if experiment.plan.pipeline_parallel > 1 else
              _data_parallel if experiment.plan.data_parallel > 1 else _tensor_parallel)
     return build(experiment, hf_config, reference_step, inputs, names)
 
@@ -137,6 +138,31 @@ def _data_parallel(experiment: Experiment, hf_config, reference_step: Step,
     return Programs(reference_step, lambda rank: Step(rank_model(rank), step), inputs, {},
                     [Replicate(), *grad_placements(names, plan.zero_stage)], grad=True,
                     input_placements=batch_shards)
+
+
+def _pipeline(experiment: Experiment, hf_config, reference_step: Step,
+              inputs: dict[str, torch.Tensor], names: list[str]) -> Programs:
+    from .models import build_reference
+    from .parallel.pipeline import check_every_layer_held, stage_model, stage_placements
+    from .parallel.planted import pipeline_schedule
+
+    plan, stages = experiment.plan, experiment.plan.pipeline_parallel
+    schedule = pipeline_schedule(plan.planted_bug, tuple(names), stages,
+                                 hf_config.num_hidden_layers, plan.micro_batches)
+    check_every_layer_held(schedule)
+    placements, last = stage_placements(schedule), Stage(stages - 1)
+    backward = experiment.verify.backward
+
+    def rank_program(rank: int) -> nn.Module:
+        stage = replace(schedule, stage=rank)
+        model = stage_model(build_reference(experiment.model.family, hf_config),
+                            stage.block(rank), stage.first, stage.last)
+        return Step(model, stage.train if backward else stage.logits)
+
+    if not backward:
+        return Programs(reference_step, rank_program, inputs, placements, [last])
+    return Programs(reference_step, rank_program, inputs, placements,
+                    [last, *(placements[name] for name in names)], grad=True)
 
 
 def rank_loss(model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:

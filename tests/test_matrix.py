@@ -21,4 +21,5 @@ def test_every_planted_bug_of_the_new_plans_has_a_cell():
     covered = {cell.bug for cell in CELLS}
     assert {"sp-norm-grad-unreduced", "sp-gather-grad-not-reduced", "dp-mean-of-means",
             "dp-grads-averaged", "ce-target-mask-off-by-one", "ce-max-not-allreduced",
-            "ce-sum-not-allreduced", "ce-loss-scaled-by-tp"} <= covered
+            "ce-sum-not-allreduced", "ce-loss-scaled-by-tp", "pp-stage-boundary-duplicated",
+            "pp-loss-normalised-per-microbatch"} <= covered

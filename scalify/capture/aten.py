@@ -549,6 +549,18 @@ def _all_to_all(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) 
     rows, world = source.shape[0], len(group)
     in_splits = tuple(input_splits) if input_splits else (rows // world,) * world
     return b.emit("all_to_all", [source], shape=_out_shape(out), in_splits=in_splits, group=group)
+# Point-to-point (c10d.send / c10d.recv_ on a list of one tensor): `peer` is a rank of the
+# default group (sub-group peers are not resolved).
+@lowering("send")
+def _send(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    (tensor,), _, peer, tag = args
+    return b.emit("send", [tensor], peer=peer, tag=tag)
+
+
+@lowering("recv")
+def _recv(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    (buffer,), _, peer, tag = args
+    return b.emit("recv", [], buffer.dtype, shape=buffer.shape, peer=peer, tag=tag)
 
 
 def _scattered_along(b: GraphBuilder, ref: Ref, world: int) -> tuple[Ref, int]:

@@ -182,11 +182,14 @@ class _Recorder(TorchDispatchMode):
             result = lower(self.builder, name, ref_args, ref_kwargs, out)
         except ValueError as error:
             raise CaptureError(f"aten.{name} at {self.builder.source}: {error}") from None
-        self._bind_result(out, result)
+        if func.namespace == "c10d":  # send/recv return a Work; recv fills its buffer
+            self._bind_result(args[0][0] if name == "recv" else None, result)
+        else:
+            self._bind_result(out, result)
         return out
 
     def _bind_result(self, out: Any, result: Any) -> None:
-        if result is None:
+        if result is None or out is None:
             return
         if isinstance(out, torch.Tensor):
             self.bind(out, result if isinstance(result, Ref) else result[0])

@@ -1,4 +1,5 @@
-"""Merges per-rank graphs into one distributed graph whose collectives read every member's input."""
+"""Merges per-rank graphs into one distributed graph whose collectives read every member's input
+and whose received tensors are the tensors their peers sent (send/recv become identity edges)."""
 from __future__ import annotations
 
 import hashlib
@@ -9,6 +10,7 @@ from .graph import Graph, Node
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 _SHAPES_MAY_DIFFER = ("all_to_all",)  # each rank receives its own blocks
+POINT_TO_POINT = ("send", "recv")
 
 
 @dataclass
@@ -30,27 +32,68 @@ def qualified(rank: int, name: str) -> str:
 
 
 def merge_ranks(graphs: list[Graph]) -> DistributedGraph:
-    """Match each rank's k-th collective on a group with the other members' k-th, and merge."""
+    """Match each rank's k-th collective on a group with the other members' k-th, link each recv
+    to its peer's send, and merge."""
     partners = _match_collectives(graphs)
+    sent = link_point_to_point(graphs)
+
+    def source(rank: int, name: str) -> str:
+        return sent.get(qualified(rank, name), qualified(rank, name))
+
     nodes: dict[str, Node] = {}
     for rank, graph in enumerate(graphs):
         for node in graph:
             name = qualified(rank, node.name)
+            if node.op in POINT_TO_POINT:
+                continue
             if name in partners:
                 members, index, extra = partners[name]
                 node = replace(node, inputs=tuple(qualified(m, i) for m, i in members),
                                attrs=node.attrs + (("index", index),) + extra)
             else:
-                node = replace(node, inputs=tuple(qualified(rank, i) for i in node.inputs))
+                node = replace(node, inputs=tuple(source(rank, i) for i in node.inputs))
             nodes[name] = replace(node, name=name)
-    merged = Graph(outputs=[qualified(r, o) for r, g in enumerate(graphs) for o in g.outputs])
+    rank_outputs = [[source(r, o) for o in g.outputs] for r, g in enumerate(graphs)]
+    merged = Graph(outputs=[o for outs in rank_outputs for o in outs])
     for node in _topological(graphs, nodes):
         merged.add(node)
     order = {qualified(r, node.name): (r, i) for r, g in enumerate(graphs)
              for i, node in enumerate(g.nodes)}
-    return DistributedGraph(merged, len(graphs),
-                            [[qualified(r, o) for o in g.outputs] for r, g in enumerate(graphs)],
-                            order)
+    return DistributedGraph(merged, len(graphs), rank_outputs, order)
+
+
+def link_point_to_point(graphs: list[Graph]) -> dict[str, str]:
+    """For each recv (qualified name), the qualified tensor its peer sends: the k-th send from
+    rank a to rank b is the k-th recv on b from a. A send or recv without its match is an
+    error naming its source line (the ranks would hang)."""
+    sends: dict[tuple[int, int], list[Node]] = {}
+    recvs: dict[tuple[int, int], list[Node]] = {}
+    for rank, graph in enumerate(graphs):
+        for node in graph:
+            peer = node.attr("peer") if node.op in POINT_TO_POINT else None
+            if peer is not None and not 0 <= peer < len(graphs):
+                raise ScalifyError(f"{node.source}: rank {rank} {node.op}s with rank {peer}, "
+                                   f"outside the world of {len(graphs)} ranks")
+            if node.op == "send":
+                sends.setdefault((rank, peer), []).append(node)
+            elif node.op == "recv":
+                recvs.setdefault((peer, rank), []).append(node)
+    links = {}
+    for a, b in sorted(sends.keys() | recvs.keys()):
+        out, into = sends.get((a, b), []), recvs.get((a, b), [])
+        for k in range(max(len(out), len(into))):
+            if k >= len(into):
+                raise ScalifyError(f"{out[k].source}: send #{k} from rank {a} to rank {b} has no "
+                                   f"matching recv on rank {b} (ranks would hang)")
+            if k >= len(out):
+                raise ScalifyError(f"{into[k].source}: recv #{k} on rank {b} from rank {a} has no "
+                                   f"matching send on rank {a} (ranks would hang)")
+            if out[k].shape != into[k].shape:
+                raise ScalifyError(f"{into[k].source}: recv #{k} on rank {b} expects shape "
+                                   f"{list(into[k].shape)} but rank {a} sends "
+                                   f"{list(out[k].shape)} at {out[k].source}")
+            links[qualified(b, into[k].name)] = qualified(a, out[k].inputs[0])
+    return links
 
 
 def _match_collectives(graphs: list[Graph]) -> dict[str, tuple[list[tuple[int, str]], int, tuple]]:
@@ -92,7 +135,11 @@ def _topological(graphs: list[Graph], nodes: dict[str, Node]) -> list[Node]:
         progressed = False
         for rank, graph in enumerate(graphs):
             while positions[rank] < len(graph.nodes):
-                node = nodes[qualified(rank, graph.nodes[positions[rank]].name)]
+                node = nodes.get(qualified(rank, graph.nodes[positions[rank]].name))
+                if node is None:  # a send or recv: linked, not kept
+                    positions[rank] += 1
+                    progressed = True
+                    continue
                 if not all(i in done for i in node.inputs):
                     break
                 ordered.append(node)

@@ -83,8 +83,8 @@ class Graph:
         return result
 
     def pruned(self) -> Graph:
-        """The graph without nodes that no output depends on (placeholders are kept)."""
-        live = set(self.outputs)
+        """The graph without nodes that no output or send depends on (placeholders are kept)."""
+        live = set(self.outputs) | {node.name for node in self.nodes if node.op == "send"}
         for node in reversed(self.nodes):
             if node.name in live:
                 live.update(node.inputs)

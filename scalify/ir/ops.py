@@ -18,6 +18,7 @@ Attrs = dict[str, Any]
 UNARY, BINARY, WHERE, REDUCE, SOFTMAX, MATMUL = "unary", "binary", "where", "reduce", "softmax", "matmul"
 MOVEMENT, EMBEDDING, OPAQUE, CONSTANT, PLACEHOLDER, COLLECTIVE = (
     "movement", "embedding", "opaque", "constant", "placeholder", "collective")
+POINT_TO_POINT = "point_to_point"  # send/recv: linked across ranks when the graphs are merged
 
 
 @dataclass(frozen=True)
@@ -309,6 +310,9 @@ for _op in [
     OpDef("reduce_scatter", COLLECTIVE, _attr_shape, _collective),
     # all_to_all: rank r receives block r (`in_splits` rows) of every member's input, in order.
     OpDef("all_to_all", COLLECTIVE, _attr_shape, _collective),
+    # send x to rank `peer`; recv a tensor of `shape` from rank `peer` (ir/distributed.py links them).
+    OpDef("send", POINT_TO_POINT, _same, _collective),
+    OpDef("recv", POINT_TO_POINT, _attr_shape, _collective),
 ]:
     _register(_op)
 

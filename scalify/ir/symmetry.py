@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .distributed import COLLECTIVES, DistributedGraph, qualified
+from .distributed import COLLECTIVES, POINT_TO_POINT, DistributedGraph, qualified
 from .graph import Graph, Node
 
 # Integer attributes that may differ by rank, per op.
@@ -39,6 +39,9 @@ def symbolic_program(graphs: list[Graph]) -> tuple[DistributedGraph | None, str]
     world = len(graphs)
     if world < 2:
         return None, "a single rank"
+    p2p = next((n for g in graphs for n in g if n.op in POINT_TO_POINT), None)
+    if p2p is not None:
+        return None, f"{p2p.source}: the ranks exchange point-to-point {p2p.op}s (pipeline stages)"
     first = graphs[0]
     if any(len(g) != len(first) or g.outputs != first.outputs for g in graphs[1:]):
         return None, "the ranks' programs differ in length or outputs"

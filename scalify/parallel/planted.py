@@ -30,6 +30,7 @@ from scalify.parallel.layers import (
     own_chunk,
 )
 from scalify.parallel.llama import LlamaParts, ParallelLlamaAttention
+from scalify.parallel.pipeline import LayerBlock, PipelineSchedule
 from scalify.placements import Placement, Shard
 
 PLANTED_BUGS: dict[str, str] = {
@@ -51,7 +52,15 @@ PLANTED_BUGS: dict[str, str] = {
                          "token count are divided by the number of ranks",
     "fused-plain-column-shard": "fused llama's shard function cuts [q; k; v] into equal row blocks, "
                                 "not per head group",
+    "pp-stage-boundary-dropped": "pipeline: stage 1 starts one layer later, so the layer at the "
+                                 "boundary runs on no stage",
+    "pp-stage-boundary-duplicated": "pipeline: stage 0 also runs stage 1's first layer, which "
+                                    "runs on both stages",
+    "pp-loss-normalised-per-microbatch": "pipeline: each micro-batch's loss is its own token "
+                                         "mean, averaged over micro-batches",
 }
+PIPELINE_BUGS = ("pp-stage-boundary-dropped", "pp-stage-boundary-duplicated",
+                         "pp-loss-normalised-per-microbatch")
 DATA_PARALLEL_BUGS = ("dp-mean-of-means", "dp-grads-averaged")
 PLANTED_BUGS.update({
     "ce-target-mask-off-by-one": "vocab-parallel loss: a rank keeps target class `end`, which "
@@ -235,3 +244,42 @@ def plain_column_qkv_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ran
 
 PLANTED_QKV_ROWS = {"fused-plain-column-shard": plain_column_qkv_rows}
 """Bugs in the fused layout's shard function: the qkv rows function they plant."""
+
+
+class LateStartSchedule(PipelineSchedule):
+    def block(self, stage: int) -> LayerBlock:
+        block = super().block(stage)
+        return LayerBlock(block.start + 1, block.stop) if stage > 0 else block  # planted: pp-stage-boundary-dropped
+
+
+class DuplicatedLayerSchedule(PipelineSchedule):
+    """Stage 0 also holds stage 1's first layer and runs it (stage 1 runs it again)."""
+
+    def block(self, stage: int) -> LayerBlock:
+        block = super().block(stage)
+        return LayerBlock(block.start, block.stop + (stage == 0))
+
+    def run_layers(self, model: nn.Module, hidden: torch.Tensor,
+                   attention_mask: torch.Tensor) -> torch.Tensor:
+        context = self.layer_context(model, hidden, attention_mask)
+        for layer in model.model.layers.values(): hidden = layer(hidden, **context)  # planted: pp-stage-boundary-duplicated
+        return hidden
+
+
+class PerMicroBatchLossSchedule(PipelineSchedule):
+    def loss_of(self, logits: torch.Tensor, labels: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        return ForCausalLMLoss(logits, labels, logits.shape[-1]) / self.micro_batches  # planted: pp-loss-normalised-per-microbatch
+
+
+_PIPELINE_SCHEDULES = {None: PipelineSchedule, "pp-stage-boundary-dropped": LateStartSchedule,
+                       "pp-stage-boundary-duplicated": DuplicatedLayerSchedule,
+                       "pp-loss-normalised-per-microbatch": PerMicroBatchLossSchedule}
+
+
+def pipeline_schedule(planted_bug: str | None, names: tuple[str, ...], stages: int, layers: int,
+                      micro_batches: int) -> PipelineSchedule:
+    """Stage 0's pipeline schedule (`replace(stage=s)` for the others), with `planted_bug`."""
+    if planted_bug not in _PIPELINE_SCHEDULES:
+        raise ConfigError(f"planted bug {planted_bug!r} does not apply to pipeline parallelism; "
+                          f"known: {', '.join(PIPELINE_BUGS)}")
+    return _PIPELINE_SCHEDULES[planted_bug](names, 0, stages, layers, micro_batches)

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from . import elementwise, embedding, matmul, movement, ranks, reduction
+from . import elementwise, embedding, matmul, movement, ranks, reduction, rows
 from .base import Rule
 from .families import FACTS
 from .terms import DECLARATIONS, render
 
 RULESET = "lemmas"
-THEORIES = (elementwise, reduction, matmul, movement, embedding)
+THEORIES = (elementwise, reduction, matmul, movement, embedding, rows)
 
 
 def all_rules() -> list[Rule]:

@@ -13,8 +13,9 @@ import torch
 from ..ir.distributed import DistributedGraph
 from ..ir.graph import Graph, Node
 from ..ir.ops import OPS
-from ..placements import Partial, Placement, Replicate, Shard
+from ..placements import Partial, Placement, Replicate, Shard, Stage
 from .custom import held_values
+from .relations import output_holders
 
 _FLOATS = {"float32", "float16", "bfloat16", "float64"}
 IGNORE_INDEX = -100  # the target id a loss skips
@@ -91,7 +92,7 @@ def _labels(shape: tuple[int, ...], classes: int, gen: torch.Generator) -> torch
 
 
 def _rank_value(full: torch.Tensor, placement: Placement, rank: int, world: int) -> torch.Tensor:
-    if isinstance(placement, Replicate):
+    if isinstance(placement, (Replicate, Stage)):  # a Stage tensor is only asked of its rank
         return full
     if isinstance(placement, Partial):
         return full if rank == 0 else torch.zeros_like(full)
@@ -103,8 +104,9 @@ def _rank_value(full: torch.Tensor, placement: Placement, rank: int, world: int)
 
 
 def _assemble(outputs: list[torch.Tensor], placement: Placement) -> list[torch.Tensor]:
-    """Reference-shaped views of the rank outputs (one per rank for Replicate)."""
-    if isinstance(placement, Replicate):
+    """Reference-shaped views of the rank outputs (one per rank for Replicate; for Stage, the
+    outputs are those of its one rank)."""
+    if isinstance(placement, (Replicate, Stage)):
         return outputs
     if isinstance(placement, Partial):
         return [torch.stack(outputs).sum(0)]
@@ -137,7 +139,8 @@ def cross_check(ref: Graph, dist: DistributedGraph, placements: dict[str, Placem
     for position, (output, placement) in enumerate(zip(ref.outputs, output_placements)):
         expected = ref_values[output].double()
         scale = expected.abs().max().item() or 1.0
-        ranks = [dist_values[outs[position]].double() for outs in dist.rank_outputs]
+        ranks = [dist_values[dist.rank_outputs[rank][index]].double() for rank, index
+                 in output_holders(output_placements, position, dist.world_size)]
         for assembled in _assemble(ranks, placement):
             if assembled.shape != expected.shape:
                 worst = float("inf")

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ShapeError
-from ..placements import Partial, Placement, Replicate, Shard
+from ..placements import Partial, Placement, Replicate, Shard, Stage
 from ..rules.terms import App, Term, leaves, parse
 
 Shape = tuple[int, ...]
@@ -110,6 +110,28 @@ def family_relation(target: str, placement: Placement, ref_shape: Shape, name: s
     terms = [f"(rcat (slice {leaf(name)} {dim} {b * piece} {(b + 1) * piece}) {dim} {piece})"
              for b in range(placement.blocks)]
     return Relation(concat_terms(terms, [piece * world] * placement.blocks, dim))
+
+
+def stage_relation(target: str, placement: Stage, ref_shape: Shape, name: str,
+                   shape: Shape | None) -> Relation:
+    """The relation of a tensor rank `placement.rank` alone holds whole (as `name`, of `shape`;
+    None when that rank's program has no such input)."""
+    if shape is None:
+        raise ShapeError(f"{target}: {placement} says rank {placement.rank} holds it, but its "
+                         "program has no input of that name")
+    _expect_shapes(target, placement, [shape], [ref_shape])
+    return Relation(leaf(name))
+
+
+def output_holders(placements: list[Placement], position: int, world: int) -> list[tuple[int, int]]:
+    """(rank, index among that rank's outputs) of reference output `position`: each rank returns,
+    in order, the outputs it holds (all but the other ranks' `Stage` outputs). A symbolic
+    program is one rank (world 1) standing for all."""
+    def held(placement: Placement, rank: int) -> bool:
+        return not isinstance(placement, Stage) or placement.holds(rank)
+
+    return [(rank, sum(held(p, rank) for p in placements[:position]))
+            for rank in range(world) if held(placements[position], rank)]
 
 
 def even_placements(placements: dict[str, Placement], world: int) -> bool:

@@ -17,14 +17,14 @@ from ..errors import ShapeError
 from ..ir.distributed import COLLECTIVES, DistributedGraph, constant_terms
 from ..ir.graph import Graph, Node, SourceLoc
 from ..ir.ops import MOVEMENT, OPS
-from ..placements import Custom, Placement, Replicate
+from ..placements import Custom, Placement, Replicate, Stage
 from ..report.model import Discrepancy
 from ..rules.families import LINEAR_UNARY_OPS
 from ..rules.terms import App, is_relational, leaves, op_key, parse, render
 from .custom import custom_relation
 from .encode import encode
 from .relations import (Relation, describe, expected_output, family_relation,
-                        from_placement, leaf)
+                        from_placement, leaf, output_holders, stage_relation)
 from .segments import SegmentKey, segment_key
 from .session import EgglogSession
 from .store import MemoStore, ProofStore
@@ -215,6 +215,10 @@ class Verifier:
         if isinstance(placement, Custom):  # never symbolic: even_placements rules it out
             return custom_relation(target, placement, node.shape, lambda name: (
                 self.dist.graph[name].shape if name in self.dist.graph else None))
+        if isinstance(placement, Stage):  # never symbolic: even_placements rules it out
+            name = f"r{placement.rank}/{target}"
+            shape = self.dist.graph[name].shape if name in self.dist.graph else None
+            return stage_relation(target, placement, node.shape, name, shape)
         if self.dist.symbolic:
             name = f"r0/{target}"
             if name not in self.dist.graph:
@@ -333,9 +337,11 @@ class Verifier:
             relation = relations[output]
             if relation is None:
                 continue
-            rank_outputs = [outs[position] for outs in self.dist.rank_outputs]
+            rank_outputs = [self.dist.rank_outputs[rank][index] for rank, index
+                            in output_holders(placements, position, len(self.dist.rank_outputs))]
             shapes = [self.dist.graph[n].shape for n in rank_outputs]
-            expected = expected_output(placement, rank_outputs, shapes, self.ref[output].shape,
+            held = Replicate() if isinstance(placement, Stage) else placement  # on its one rank
+            expected = expected_output(held, rank_outputs, shapes, self.ref[output].shape,
                                        self.dist.world_size, self.dist.symbolic)
             known = set(relation.leaf_names())
             region = region_of(self.dist.graph[rank_outputs[0]].source.module)
@@ -376,6 +382,11 @@ class Verifier:
             primary = producer.source
             hint = (f"input {position} is a partial {kind} over ranks (from {producer.source}): "
                     f"an all_reduce is missing before this {node.op}")
+            names = leaves(term)
+            if not self.dist.symbolic and len({self.dist.rank_of(n) for n in names}) == 1:
+                hint = (f"input {position} is a sum of parts that rank "
+                        f"{self.dist.rank_of(names[0])} computes separately (e.g. per micro-batch, "
+                        f"from {producer.source}) but never adds up before this {node.op}")
             collective = self._collective_receiving(producer.name)
             if collective is not None:  # the partial sum is sent, but not summed into this value
                 sent.append(collective.source)

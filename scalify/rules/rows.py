@@ -1,0 +1,86 @@
+"""Position-wise ops commute with a concatenation of their operands (micro-batches of one batch).
+
+A rank that splits its batch into micro-batches computes each op on slices; these rules let a
+reference op on the whole batch be the concatenation of the micro-batches' ops. They mirror the
+rank-family row rules (ranks.py) for two explicit parts.
+"""
+from __future__ import annotations
+
+import torch
+
+from .base import Rule
+from .examples import tensor
+
+SHAPE = (3, 4, 5)  # examples concatenate along dim 1, split after 1
+
+
+def _ints(gen: torch.Generator, *shape: int) -> torch.Tensor:
+    return torch.randint(-2, 3, shape, generator=gen)
+
+
+def _parts(make) -> dict:
+    """Two parts `a`, `b` of SHAPE along dim 1 made by `make(*shape)`."""
+    return {"a": make(3, 1, 5), "b": make(3, 3, 5), "d": 1, "na": 1, "nb": 3}
+
+
+def _compare(gen, choice):
+    return {**_parts(lambda *s: _ints(gen, *s)), "v": 1, **choice}
+
+
+def _masked(gen, choice):
+    masks = _parts(lambda *s: _ints(gen, *s) > 0)
+    return {**_parts(lambda *s: tensor(gen, *s)), "m1": masks["a"], "m2": masks["b"], "v": "0.0",
+            "u": tensor(gen, 3, 1, 5), "n": 4}
+
+
+def _selected(gen, choice):
+    conditions = _parts(lambda *s: _ints(gen, *s) > 0)
+    others = _parts(lambda *s: tensor(gen, *s))
+    return {**_parts(lambda *s: tensor(gen, *s)), "c1": conditions["a"], "c2": conditions["b"],
+            "x": others["a"], "y": others["b"], "u": tensor(gen, 3, 1, 5),
+            "w": tensor(gen, 3, 1, 5), "n": 4}
+
+
+def _tokens(gen, choice):
+    return {"a": tensor(gen, 1, 3, 5), "b": tensor(gen, 2, 3, 5), "g1": tensor(gen, 1, 3),
+            "g2": tensor(gen, 2, 3), "t1": torch.randint(0, 5, (1, 3), generator=gen),
+            "t2": torch.randint(0, 5, (2, 3), generator=gen), "d": 0, "na": 1, "nb": 2, "v": 5}
+
+
+def _grads(gen, choice):
+    return {"a": tensor(gen, 1, 3, 4), "b": tensor(gen, 2, 3, 4),
+            "t1": torch.randint(0, 5, (1, 3), generator=gen),
+            "t2": torch.randint(0, 5, (2, 3), generator=gen), "d": 0, "na": 1, "nb": 2, "v": 5}
+
+
+def rules() -> list[Rule]:
+    return [
+        # A rank adding up its micro-batches' partial results (e.g. token counts).
+        Rule("sum-of-two-parts", "(psum a b)", '(binary "add" a b)',
+             lambda gen, c: {"a": tensor(gen, *SHAPE), "b": tensor(gen, *SHAPE)}),
+        Rule("compare-over-concat", "(cmp_int f (concat a b d na nb) v)",
+             "(concat (cmp_int f a v) (cmp_int f b v) d na nb)", _compare,
+             families={"f": ("lt", "le", "gt", "ge", "eq", "ne")}),
+        Rule("add-int-over-concat", "(add_int (concat a b d na nb) v)",
+             "(concat (add_int a v) (add_int b v) d na nb)", _compare),
+        Rule("masked-fill-over-concats", "(masked_fill (concat a b d na nb) (concat m1 m2 d na nb) v)",
+             "(concat (masked_fill a m1 v) (masked_fill b m2 v) d na nb)", _masked),
+        Rule("masked-fill-over-broadcast-and-concat",
+             "(masked_fill (expand u d n) (concat m1 m2 d na nb) v)",
+             "(concat (masked_fill (expand u d na) m1 v) (masked_fill (expand u d nb) m2 v) d na nb)",
+             _masked),
+        Rule("where-over-concats", "(where3 (concat c1 c2 d na nb) (concat a b d na nb) (concat x y d na nb))",
+             "(concat (where3 c1 a x) (where3 c2 b y) d na nb)", _selected),
+        Rule("where-over-concat-and-broadcasts",
+             "(where3 (concat c1 c2 d na nb) (expand u d n) (expand w d n))",
+             "(concat (where3 c1 (expand u d na) (expand w d na)) "
+             "(where3 c2 (expand u d nb) (expand w d nb)) d na nb)", _selected),
+        Rule("take-over-concats", "(take (concat a b d na nb) (concat t1 t2 d na nb) k)",
+             "(concat (take a t1 k) (take b t2 k) d na nb)", lambda gen, c: {**_tokens(gen, c), "k": 2},
+             when=("(< d k)",)),
+        Rule("untake-over-concats", "(untake (concat g1 g2 d na nb) (concat t1 t2 d na nb) v)",
+             "(concat (untake g1 t1 v) (untake g2 t2 v) d na nb)", _tokens),
+        Rule("embedding-grad-over-concat-tokens",
+             "(embedding_grad (concat a b d na nb) (concat t1 t2 d na nb) v)",
+             '(binary "add" (embedding_grad a t1 v) (embedding_grad b t2 v))', _grads),
+    ]

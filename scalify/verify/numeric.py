@@ -82,13 +82,18 @@ def random_inputs(graph: Graph, seed: int = 0) -> dict[str, torch.Tensor]:
 
 def _labels(shape: tuple[int, ...], classes: int, gen: torch.Generator) -> torch.Tensor:
     """Targets spread evenly below `classes` in order (so every shard boundary of a
-    vocab-parallel loss is a target); about half the ones off the quarter points are ignored."""
+    vocab-parallel loss is a target). Targets off the quarter points are ignored, more often in
+    the first half than in the second, so batch rows and micro-batches count different numbers
+    of targets (a mean of per-batch means then differs from the token-weighted mean)."""
     count = 1
     for size in shape:
         count *= size
-    labels = (torch.arange(count) * classes // count).reshape(shape)
+    flat = torch.arange(count)
+    labels = flat * classes // count
     ignorable = labels % max(classes // 4, 1) != 0
-    return labels.masked_fill(ignorable & (torch.rand(shape, generator=gen) < 0.5), IGNORE_INDEX)
+    chance = torch.where(flat < count // 2, 0.75, 0.25)
+    ignored = ignorable & (torch.rand(count, generator=gen) < chance)
+    return labels.masked_fill(ignored, IGNORE_INDEX).reshape(shape)
 
 
 def _rank_value(full: torch.Tensor, placement: Placement, rank: int, world: int) -> torch.Tensor:

@@ -74,8 +74,12 @@ class AllToAllExperts(ExpertParallelExperts):
         own = hidden_states[rank * block:(rank + 1) * block]
         tokens = self.dispatch(torch.cat([own] * world, dim=0))
         partial = combine(expert_outputs(self, tokens), self.local_weights(top_k_index, top_k_weights))
-        summed = self.dispatch(partial).view(world, block, -1).sum(dim=0)
+        summed = self.return_to_owners(partial, block).view(world, block, -1).sum(dim=0)
         return funcol.all_gather_single(summed, 0, dist.group.WORLD).to(hidden_states.dtype)
+
+    def return_to_owners(self, partial: torch.Tensor, block: int) -> torch.Tensor:
+        """Every token's partial output back to the rank owning its block (`block` tokens each)."""
+        return self.dispatch(partial)
 
     def dispatch(self, blocks: torch.Tensor) -> torch.Tensor:
         """Block e of `blocks` (equal row blocks) to rank e; block s of the result from rank s."""

@@ -36,17 +36,10 @@ class WeightsTwiceExperts(ExpertParallelExperts):
 
 
 class WrongSplitsAllToAllExperts(AllToAllExperts):
-    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
-                top_k_weights: torch.Tensor) -> torch.Tensor:
-        world, rank = dist.get_world_size(), dist.get_rank()
-        block = divide(hidden_states.shape[0], world, "tokens (batch * seq)")
-        own = hidden_states[rank * block:(rank + 1) * block]
-        tokens = self.dispatch(torch.cat([own] * world, dim=0))
-        partial = combine(expert_outputs(self, tokens), self.local_weights(top_k_index, top_k_weights))
-        splits = [block + 1 if peer == rank else block - 1 for peer in range(world)]
-        received = funcol.all_to_all_single(partial, splits, splits, dist.group.WORLD)  # planted: ep-wrong-split-sizes
-        summed = received.view(world, block, -1).sum(dim=0)
-        return funcol.all_gather_single(summed, 0, dist.group.WORLD).to(hidden_states.dtype)
+    def return_to_owners(self, partial: torch.Tensor, block: int) -> torch.Tensor:
+        rank = dist.get_rank()
+        splits = [block + 1 if peer == rank else block - 1 for peer in range(dist.get_world_size())]
+        return funcol.all_to_all_single(partial, splits, splits, dist.group.WORLD)  # planted: ep-wrong-split-sizes
 
 
 class LocalTopKRouter(MixtralTopKRouter):

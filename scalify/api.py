@@ -15,7 +15,7 @@ from .config import Experiment, load_experiment
 from .engine import Executor, InlineExecutor, VerifyJob, executor_for
 from .ir.distributed import merge_ranks
 from .ir.symmetry import symbolic_program
-from .placements import Placement, Replicate, Shard
+from .placements import Custom, Placement, Replicate, Shard
 from .report.model import Report
 from .programs import programs_for
 from .verify.numeric import cross_check
@@ -112,7 +112,8 @@ def verify(config: str | os.PathLike | dict | Experiment, *, numeric: bool | Non
         progress=progress, capture_workers=os.cpu_count() or 1,
         options=VerifyOptions(window_depth=experiment.verify.window_depth,
                               memo=experiment.verify.memo, memo_store=experiment.verify.memo_store,
-                              rank_symmetry=experiment.verify.rank_symmetry),
+                              rank_symmetry=experiment.verify.rank_symmetry,
+                              context_parallel=experiment.plan.context_parallel > 1),
         executor=executor or executor_for(experiment.engine), grad=programs.grad,
         shard_fn=programs.shard_fn)
     report.config = experiment.to_dict()
@@ -137,11 +138,17 @@ def _call(module: nn.Module, inputs: dict[str, torch.Tensor]) -> Any:
 
 def _local_inputs(inputs: dict[str, torch.Tensor], placements: dict[str, Placement], rank: int,
                   world_size: int) -> dict[str, torch.Tensor]:
-    """Each rank's view of the inputs: whole, or its chunk for Shard placements."""
+    """Each rank's view of the inputs: whole, its chunk for Shard placements, or its pieces
+    for Custom ones."""
     local = {}
     for name, tensor in inputs.items():
         placement = placements.get(name, Replicate())
         if isinstance(placement, Shard):
             tensor = torch.chunk(tensor, world_size, placement.dim)[placement.chunks(world_size)[rank]]
+        elif isinstance(placement, Custom):  # the rank's pieces, in their local order
+            pieces = sorted((p for p in placement.pieces if p.rank == rank and p.local == name),
+                            key=lambda p: p.local_start)
+            tensor = torch.cat([tensor.narrow(placement.dim, p.ref_start, p.size) for p in pieces],
+                               placement.dim)
         local[name] = tensor.clone() if not tensor.is_meta else torch.empty_like(tensor)
     return local

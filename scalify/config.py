@@ -47,6 +47,9 @@ class PlanSpec:
     the parameters' relations. `expert_parallel` shards a MoE model's experts over that many
     ranks (mixtral, megatron style), tokens dispatched by `expert_dispatch`: "all_reduce" (each
     rank's experts on every token, partial outputs summed) or "all_to_all".
+    `context_parallel` shards the sequence over that many ranks (llama, megatron style): each
+    rank's attention merges the ranks' key blocks by log-sum-exp; `context_load_balance` gives
+    each rank a chunk from each end of the sequence (even causal work).
     """
 
     style: str = "megatron"
@@ -63,6 +66,8 @@ class PlanSpec:
     shard_fn: str | None = None
     expert_parallel: int = 1
     expert_dispatch: str = "all_reduce"
+    context_parallel: int = 1
+    context_load_balance: bool = False
 
 
 @dataclass(frozen=True)
@@ -135,7 +140,8 @@ class Experiment:
     def world_size(self) -> int:
         """Number of ranks the plan runs on."""
         plan = self.plan
-        return plan.tensor_parallel * plan.data_parallel * plan.expert_parallel * plan.pipeline_parallel
+        return (plan.tensor_parallel * plan.data_parallel * plan.expert_parallel
+                * plan.pipeline_parallel * plan.context_parallel)
 
     def to_dict(self) -> dict:
         """Plain nested data, for reports."""
@@ -352,6 +358,19 @@ def _check_pipeline(plan: PlanSpec, model: ModelSpec, fields: Located, where: _W
                           f"(the model has {layers})")
 
 
+def _check_context(plan: PlanSpec, model: ModelSpec, fields: Located) -> None:
+    """Context parallelism runs alone (no TP, DP, PP or EP), megatron style, on llama."""
+    if plan.context_parallel == 1:
+        return
+    field = fields["context_parallel"][1]
+    if plan.tensor_parallel * plan.data_parallel * plan.pipeline_parallel * plan.expert_parallel > 1:
+        raise field.error("context parallelism combined with tensor, data, pipeline or expert "
+                          "parallelism is not supported yet: set the other degrees to 1")
+    if plan.style != "megatron" or model.family != "llama":
+        raise field.error(f"context parallelism exists for megatron-style llama, not "
+                          f"{plan.style} {model.family}")
+
+
 _SCHEMAS: dict[type, dict[str, Checker]] = {
     PlanSpec: {
         "style": _choice(*PLAN_STYLES),
@@ -368,6 +387,8 @@ _SCHEMAS: dict[type, dict[str, Checker]] = {
         "shard_fn": lambda value, where: None if value is None else _function_path(value, where),
         "expert_parallel": _positive_int,
         "expert_dispatch": _choice(*EXPERT_DISPATCHES),
+        "context_parallel": _positive_int,
+        "context_load_balance": _boolean,
     },
     HardwareSpec: {"name": _text, "target": _choice(*HARDWARE_TARGETS), "devices": _positive_int},
     InputSpec: {"batch": _positive_int, "seq": _positive_int},
@@ -485,9 +506,10 @@ def load_experiment(source: str | os.PathLike | dict) -> Experiment:
     _check_plan_style(plan, *sections["plan"])
     hardware = _build(HardwareSpec, *sections["hardware"])
     world = (plan.tensor_parallel * plan.data_parallel * plan.expert_parallel
-             * plan.pipeline_parallel)
+             * plan.pipeline_parallel * plan.context_parallel)
     _check_expert_parallel(plan, model, sections["plan"][0])
     _check_pipeline(plan, model, *sections["plan"])
+    _check_context(plan, model, sections["plan"][0])
     if plan.tensor_parallel > 1 and plan.data_parallel > 1:
         raise sections["plan"][0]["data_parallel"][1].error(
             "data parallelism combined with tensor parallelism (a 2-D mesh) is not supported yet: "
@@ -501,6 +523,7 @@ def load_experiment(source: str | os.PathLike | dict) -> Experiment:
             f"(tensor_parallel={plan.tensor_parallel}, data_parallel={plan.data_parallel}"
             + (f", expert_parallel={plan.expert_parallel}" if plan.expert_parallel > 1 else "")
             + (f", pipeline_parallel={plan.pipeline_parallel}" if plan.pipeline_parallel > 1 else "")
+            + (f", context_parallel={plan.context_parallel}" if plan.context_parallel > 1 else "")
             + ")"
         )
     return Experiment(

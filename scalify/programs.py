@@ -45,6 +45,7 @@ def programs_for(experiment: Experiment) -> Programs:
     run = training_step(hf_loss, names) if backward else hf_loss if loss else hf_logits
     reference_step = Step(reference, run)
     build = (_dtensor if experiment.plan.style == "dtensor" else
+             _context_parallel if experiment.plan.context_parallel > 1 else
              _expert_parallel if experiment.plan.expert_parallel > 1 else
              _pipeline if experiment.plan.pipeline_parallel > 1 else
              _data_parallel if experiment.plan.data_parallel > 1 else _tensor_parallel)
@@ -95,6 +96,28 @@ def _tensor_parallel(experiment: Experiment, hf_config, reference_step: Step,
     step = training_step(rank_loss, names, finalize_grads)
     return Programs(reference_step, lambda rank: Step(rank_model(rank), step), inputs, placements,
                     [Replicate(), *(placements[name] for name in names)], grad=True)
+
+
+def _context_parallel(experiment: Experiment, hf_config, reference_step: Step,
+                      inputs: dict[str, torch.Tensor], names: list[str]) -> Programs:
+    from .models import build_reference
+    from .parallel.context import SequenceLayout, context_parallel_rank
+    from .parallel.context_planted import context_parts
+
+    if experiment.verify.backward or experiment.verify.loss:
+        raise ConfigError("verify.backward and verify.loss are not supported for context-parallel "
+                          "plans yet: verify the forward (the logits)")
+    plan = experiment.plan
+    layout = SequenceLayout(plan.context_parallel, experiment.inputs.seq, plan.context_load_balance)
+    parts = context_parts(plan.planted_bug)
+
+    def rank_model(rank: int) -> nn.Module:
+        return context_parallel_rank(
+            hf_config, rank, layout, lambda config: build_reference(experiment.model.family, config),
+            parts)
+
+    return Programs(reference_step, rank_model, inputs, {}, [Replicate()],
+                    input_placements={"input_ids": layout.placement("input_ids")})
 
 
 def _expert_parallel(experiment: Experiment, hf_config, reference_step: Step,

@@ -85,7 +85,7 @@ _UNARY_NAMES = ["neg", "exp", "log", "rsqrt", "sqrt", "sin", "cos", "tanh", "sig
                 "relu", "reciprocal", "abs", "logical_not", "bitwise_not", "gelu", "erf"]
 
 
-_PROMOTING = {"add", "sub", "mul", "div", "pow", "maximum", "minimum"}
+_PROMOTING = {"add", "sub", "mul", "div", "pow", "maximum", "minimum", "logaddexp"}
 
 
 def _elementwise(b: GraphBuilder, op: str, operands: list[Any], out: Any, **attrs: Any) -> Ref:
@@ -110,7 +110,7 @@ def _unary(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Re
 
 
 @lowering("add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt",
-          "ge", "bitwise_and", "bitwise_or", "logical_and", "logical_or", "rsub")
+          "ge", "bitwise_and", "bitwise_or", "logical_and", "logical_or", "rsub", "logaddexp")
 def _binary(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
     x, y = args[0], args[1]
     if kwargs.get("rounding_mode") is not None:
@@ -197,14 +197,14 @@ def _reduce(b: GraphBuilder, op: str, x: Ref, dims: list[int], keepdim: bool) ->
     return x
 
 
-@lowering("sum", "mean", "amax")
+@lowering("sum", "mean", "amax", "logsumexp")
 def _sum(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
     x = args[0]
     dims = args[1] if len(args) > 1 and args[1] is not None else kwargs.get("dim") or []
     if isinstance(dims, int):
         dims = [dims]
     keepdim = bool(args[2] if len(args) > 2 else kwargs.get("keepdim", False))
-    op = "amax" if name == "amax" else "sum"
+    op = "sum" if name == "mean" else name
     if op == "sum" and x.dtype == "bool":  # a count: summed as integers
         x = b.emit("cast", [x], "int64", dtype="int64")
     result = _reduce(b, op, x, list(dims), keepdim)

@@ -157,6 +157,9 @@ def constant_keys(graph: Graph) -> dict[str, str]:
     for node in graph:
         if node.op == "placeholder" or node.op in COLLECTIVES:
             continue
+        if node.op == "add_scalar" and node.attr("value") == 0 and node.inputs[0] in keys:
+            keys[node.name] = keys[node.inputs[0]]  # x + 0 (positions after no cached tokens)
+            continue
         if all(i in keys for i in node.inputs):
             text = repr((node.op, node.attrs, node.shape, node.dtype, [keys[i] for i in node.inputs]))
             keys[node.name] = hashlib.sha1(text.encode()).hexdigest()[:16]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from . import elementwise, embedding, matmul, movement, ranks, reduction, rows
+from . import context, elementwise, embedding, matmul, movement, ranks, reduction, rows
 from .base import Rule
 from .families import FACTS
 from .terms import DECLARATIONS, render
@@ -13,7 +13,7 @@ THEORIES = (elementwise, reduction, matmul, movement, embedding, rows)
 
 
 def all_rules() -> list[Rule]:
-    return [rule for theory in THEORIES for rule in theory.rules()] + rank_rules()
+    return [rule for theory in THEORIES for rule in theory.rules()] + rank_rules() + context.rules()
 
 
 def rank_rules() -> list[Rule]:
@@ -28,7 +28,9 @@ def prelude() -> str:
                       for member in sorted(members))
     rules = "\n".join(rule.egglog(RULESET) for theory in THEORIES for rule in theory.rules())
     family_rules = "\n".join(rule.egglog(ranks.RULESET) for rule in rank_rules())
+    block_rules = "\n".join(rule.egglog(context.RULESET) for rule in context.rules())
     probe = "(rule ((target t k) (= t (dist n))) ((same k n)) :ruleset probe)"
     return "\n".join([DECLARATIONS, relations, f"(ruleset {RULESET})", "(ruleset probe)", "(ruleset window)",
-                      f"(ruleset {ranks.RULESET})", facts, rules, family_rules,
+                      f"(ruleset {ranks.RULESET})", f"(ruleset {context.RULESET})", facts, rules,
+                      family_rules, block_rules,
                       *ranks.fact_rules(), *movement.FACT_RULES, probe])

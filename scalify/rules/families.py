@@ -11,11 +11,11 @@ UNARY_KEYS = (
 LINEAR_UNARY_OPS = ("neg", "mul_scalar", "div_scalar")
 LINEAR_UNARY_KEYS = ("neg", "mul_scalar|value=0.125", "div_scalar|value=3.0")
 BINARY_KEYS = ("add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le",
-               "gt", "ge")
+               "gt", "ge", "logaddexp")
 ADDITIVE = ("add", "sub")
 SCALES_LEFT = ("mul", "div")
 SCALES_RIGHT = ("mul",)
-REDUCTIONS = ("sum", "amax")
+REDUCTIONS = ("sum", "amax", "logsumexp")
 NORMALIZATIONS = ("softmax", "log_softmax")
 
 # Static trait facts loaded into every e-graph; linear unary keys are added per window.

@@ -16,6 +16,10 @@ def _same_dim(gen, choice):
     return concat_parts(gen, SHAPE, 2, 2)
 
 
+def _sliced(gen, choice):
+    return {"x": tensor(gen, *SHAPE), "d": 1, "s": 1, "e": 3, "k": 2, **choice}
+
+
 def _psum_pieces(gen, choice):
     """Partial sums `a + b` and `x + y` that concatenate along dim 1."""
     return {"a": tensor(gen, 3, 1, 5), "b": tensor(gen, 3, 1, 5), "x": tensor(gen, 3, 3, 5),
@@ -45,6 +49,12 @@ def rules() -> list[Rule]:
         Rule("sum-over-psum", '(reduce "sum" (psum a b) k)',
              '(psum (reduce "sum" a k) (reduce "sum" b k))',
              lambda gen, c: {"a": tensor(gen, *SHAPE), "b": tensor(gen, *SHAPE), "k": 1}),
+        Rule("reduce-of-slice-other-dim", "(reduce f (slice x d s e) k)",
+             "(slice (reduce f x k) d s e)", _sliced, when=("(!= d k)",),
+             families={"f": REDUCTIONS}),
+        Rule("normalize-of-slice-other-dim", "(softmax f (slice x d s e) k)",
+             "(slice (softmax f x k) d s e)", _sliced, when=("(!= d k)",),
+             families={"f": NORMALIZATIONS}),
         Rule("normalize-over-concat-other-dim", "(softmax f (concat a b d na nb) k)",
              "(concat (softmax f a k) (softmax f b k) d na nb)", _other_dim, when=("(!= d k)",),
              families={"f": NORMALIZATIONS}),

@@ -62,7 +62,8 @@ DECLARATIONS = f"""
   (embed_grad_rrange T T i64 :cost {COMPUTE_COST})
   (embed_grad_range T T i64 i64 :cost {COMPUTE_COST})
   (cmp_int_r String T i64 i64 :cost {COMPUTE_COST})
-  (add_int_r T i64 i64 :cost {COMPUTE_COST}))
+  (add_int_r T i64 i64 :cost {COMPUTE_COST})
+  (bmul T T :cost {COMPUTE_COST}))
 (function dimsize (T i64) i64 :merge (min old new))
 (function world () i64 :merge new)
 (relation inv (T))
@@ -303,6 +304,7 @@ _CONSTRUCTORS = {
     "dimsize": lambda x, d: x.shape[d],
     "concat": _concat,
     "psum": lambda a, b: a + b,
+    "bmul": lambda c, y: c * y,  # c broadcast over y
     "pmax": torch.maximum,
     "slice": lambda x, d, s, e: _run("slice", [x], {"dim": d, "start": s, "end": e}),
     "unary": lambda f, x: _keyed(f, [x]),

@@ -55,7 +55,7 @@ def encode(node: Node, args: list[str], arg_shapes: list[tuple[int, ...]]) -> st
         return f"(embedding_grad {args[0]} {args[1]} {attrs['rows']})"
     if op in _PLAIN:
         return f"({_PLAIN[op]} {' '.join(args)})"
-    if op in ("sum", "amax"):
+    if op in ("sum", "amax", "logsumexp"):
         return f'(reduce "{op}" {args[0]} {attrs["dim"]})'
     if op in ("softmax", "log_softmax"):
         return f'(softmax "{op}" {args[0]} {attrs["dim"]})'

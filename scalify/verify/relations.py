@@ -19,6 +19,11 @@ class Relation:
     term: str
     aliases: tuple[tuple[str, str], ...] = ()
     inherited: tuple[tuple[str, str], ...] = ()  # replica facts about the inputs' rank tensors
+    # Set while no rank tensor holds the value (the ranks compute it fused with later ops, e.g.
+    # attention merged over key blocks): the reference op where the run began, and its length.
+    # `term` is then the value computed from relations, which a later op must bring back.
+    pending: str | None = None
+    fused: int = 0
 
     def facts(self) -> tuple[tuple[str, str], ...]:
         return self.aliases + self.inherited

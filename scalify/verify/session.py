@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from egglog import bindings
 
-from ..rules import prelude
+from ..rules import context, prelude
 from .store import MemoStore
 
 _LEAF = re.compile(r'\(dist "([^"]+)"\)')
@@ -54,10 +54,14 @@ class EgglogSession:
     """Windows share one e-graph with the prelude loaded; each runs inside push/pop."""
 
     def __init__(self, iterations: int = 12, memoize: bool = True,
-                 store: MemoStore | None = None, rank_families: bool = False) -> None:
-        """`rank_families` also runs the rank-family rules (for symmetric programs)."""
+                 store: MemoStore | None = None, rank_families: bool = False,
+                 context_parallel: bool = False) -> None:
+        """`rank_families` also runs the rank-family rules (for symmetric programs);
+        `context_parallel` the rules of sequence chunks and blockwise attention."""
         self.iterations = iterations
         self.rulesets = ["lemmas", "ranks"] if rank_families else ["lemmas"]
+        if context_parallel:
+            self.rulesets.append(context.RULESET)
         self.memoize = memoize
         self.store = store
         self.memo: dict[str, Outcome] = {}

@@ -45,6 +45,8 @@ class VerifyOptions:
     max_window_nodes: int = 256
     backward_depth: int = 3
     iterations: int = 12  # plus 4 per rank: nested concats unfold one level per iteration
+    fused_ops: int = 3  # reference ops in a row the ranks may compute without holding them
+    context_parallel: bool = False  # ranks hold sequence chunks (rules/context.py)
     memo: bool = True  # prove identical windows once
     memo_store: str | None = None  # SQLite file shared by runs
     rank_symmetry: bool = True  # verify one symbolic program for all ranks when they allow it
@@ -64,6 +66,8 @@ class Verification:
     rule_matches: int = 0
     largest_egraph: int = 0
     relations: dict[str, Relation | None] = field(default_factory=dict)
+    # The discrepancy to report for each open run of fused ops, by the op that began it.
+    deferred: dict[str, Discrepancy] = field(default_factory=dict)
 
     def absorb(self, outcome: Verification) -> None:
         """Add one segment's findings and counts (its relations are merged by the caller)."""
@@ -90,8 +94,9 @@ class Verifier:
             store = ProofStore(options.memo_store)
         self.store = store if options.memo else None
         unfold = 0 if dist.symbolic else 4 * dist.world_size
-        self.session = session or EgglogSession(options.iterations + unfold, options.memo,
-                                                self.store, rank_families=dist.symbolic)
+        self.session = session or EgglogSession(
+            options.iterations + unfold, options.memo, self.store, rank_families=dist.symbolic,
+            context_parallel=options.context_parallel)
         self.users = dist.graph.users()
         self.dist_const = constant_terms(dist.graph)
         self.ref_const = constant_terms(ref)
@@ -103,6 +108,12 @@ class Verifier:
             if name not in self.dist_const and dist.graph[name].op != "placeholder":
                 self.region_nodes.setdefault(self.region[name], []).append(dist.graph[name])
         self.segment_memo: dict[str, list] = {}
+        self.ref_users = ref.users()
+        # Ranks that hold sequence chunks slice shared tables (rotary, mask) before each layer,
+        # and never hold the softmax of attention merged over key blocks: windows see those
+        # slices, and fused runs are allowed.
+        self.movement_across_regions = options.context_parallel
+        self.fused_ops = options.fused_ops if options.context_parallel else 0
         self.placements: dict[str, Placement] = {}
 
     # Entry point.
@@ -151,14 +162,41 @@ class Verifier:
         session = self.session
         hits, misses, matches = session.hits, session.misses, session.rule_matches
         session.largest_egraph = 0
-        for node in self.segments[index][1]:
+        nodes = self.segments[index][1]
+        for node in nodes:
             self._visit(node, partial.relations, partial)
-        partial.relations = {node.name: partial.relations[node.name]
-                             for node in self.segments[index][1]}
+        self._close_fused_runs(nodes, partial)
+        partial.relations = {node.name: partial.relations[node.name] for node in nodes}
         partial.memo_hits, partial.memo_misses = session.hits - hits, session.misses - misses
         partial.rule_matches = session.rule_matches - matches
         partial.largest_egraph = session.largest_egraph
         return partial
+
+    def _close_fused_runs(self, nodes: list[Node], result: Verification) -> None:
+        """A value still pending where its run ends (no user in this segment, or an output)
+        was never brought back to the ranks: report the op that began its run."""
+        inside = {node.name for node in nodes}
+        for node in nodes:
+            relation = result.relations[node.name]
+            if relation is None or relation.pending is None:
+                continue
+            users = self.ref_users[node.name]
+            if not users or node.name in self.ref.outputs or not set(users) <= inside:
+                self._fail_run(relation.pending, node, result)
+                result.relations[node.name] = None
+
+    def _fail_run(self, origin: str, node: Node, result: Verification) -> None:
+        """Report the run begun at `origin` (where the ranks and the reference part ways), or,
+        when another branch of it was brought back, `node` itself."""
+        found = result.deferred.pop(origin, None)
+        if found is None:
+            relation = result.relations.get(node.name)
+            found = Discrepancy(
+                node.op, node.name, node.source.module, node.source, SourceLoc(),
+                found=describe(parse(relation.term), self.labels) if relation else "",
+                expected="a relation to the ranks' tensors (Replicate, Shard or Partial)",
+                hint="no rank tensor holds this value, and no later op brings it back")
+        result.discrepancies.append(found)
 
     # Inputs.
 
@@ -241,6 +279,9 @@ class Verifier:
         inputs = [relations[i] for i in node.inputs]
         replicated = all(parse(r.term).head in ("dist", "const") for r in inputs)
         depths = [1, self.options.window_depth] if replicated else [self.options.window_depth]
+        runs = [r for r in inputs if r.pending is not None]
+        if runs:  # the ranks' fused computation ends further downstream
+            depths = [2 * self.options.window_depth]
         narrowest: list[str] | None = None  # the nodes closest to the op, for diagnostics
         for depth in depths:  # ops on replicated inputs usually match one hop away; else widen
             program, window = self._program(node, inputs, depth)
@@ -255,8 +296,19 @@ class Verifier:
             chosen = leaf(same[0]) if term.head == "dist" and same else outcome.term  # lowest rank
             aliases = tuple((chosen, name) for name in same if leaf(name) != chosen)
             aliases += tuple((leaf(a), b) for a, b in outcome.leaf_aliases)
+            for run in runs:
+                result.deferred.pop(run.pending, None)
             return Relation(chosen, aliases, _inherited(inputs, set(leaves(parse(chosen)))))
-        result.discrepancies.append(self._discrepancy(node, inputs, term, narrowest or window))
+        if not runs and self.fused_ops:  # perhaps the ranks compute it fused with the next ops
+            result.deferred[node.name] = self._discrepancy(node, inputs, term, narrowest or window)
+            return Relation(outcome.term, pending=node.name, fused=1)
+        fused = max((r.fused for r in runs), default=0) + 1
+        if runs and fused <= self.fused_ops:
+            return Relation(outcome.term, pending=runs[0].pending, fused=fused)
+        if runs:
+            self._fail_run(runs[0].pending, node, result)
+        else:
+            result.discrepancies.append(self._discrepancy(node, inputs, term, narrowest or window))
         return None
 
     def _program(self, node: Node, inputs: list[Relation], depth: int) -> tuple[str, list[str]]:
@@ -310,13 +362,15 @@ class Verifier:
         frontier = window + [n for n in leaves_in if n not in self.dist_const
                              and self.dist.graph[n].op != "placeholder" and self.region[n] == region]
         defined = set(frontier)
-        for _ in range(self.options.backward_depth):
+        depth = self.options.backward_depth + (3 if self.movement_across_regions else 0)
+        for _ in range(depth):
             upstream = []
             for name in frontier:
                 for arg in self.dist.graph[name].inputs:
                     node = self.dist.graph[arg]
                     if (arg in defined or arg in known or arg in self.dist_const
-                            or node.op == "placeholder" or self.region[arg] != region):
+                            or node.op == "placeholder" or self.region[arg] != region
+                            and not (self.movement_across_regions and OPS[node.op].trait == MOVEMENT)):
                         continue
                     defined.add(arg)
                     upstream.append(arg)

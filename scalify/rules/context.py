@@ -1,0 +1,132 @@
+"""Context parallelism: ranks hold chunks of the sequence and merge attention over key blocks.
+
+A rank holds some positions of the sequence (chunks from both ends, for causal balance), so
+reference values are concatenations of slices of rank tensors; position-wise ops, masks and
+rotary tables must follow those slices. For attention, a rank computes per key block the
+block's output and its log-sum-exp and merges the blocks by rescaling (the online-softmax
+merge). These rules bring both sides to one normal form: attention as
+`exp(-lse) * (exp(scores) @ values)`, with sums over blocks associative and commutative, so
+blocks merged in any order (ring order differs per rank) meet the reference's softmax over all
+keys. They run in their own ruleset, only for programs that merge blocks (see `needed`).
+"""
+from __future__ import annotations
+
+from .base import Rule
+from .examples import concat_parts, tensor
+from .families import BINARY_KEYS
+
+RULESET = "context"
+ROWS = (2, 3)  # examples: [batch, queries, ...]
+
+
+def _scaled(gen, choice):
+    """A row scale `c` [2, 3, 1] and values `x`, `y` [2, 3, 5] it broadcasts over."""
+    return {"c": tensor(gen, *ROWS, 1), "x": tensor(gen, *ROWS, 5), "y": tensor(gen, *ROWS, 5),
+            "d": 2, "n": 5}
+
+
+def _attention(batch: int):
+    """Scores x [batch, 2 heads, 3 queries, 4 keys] and values v [batch, 2, 4 keys, 5]."""
+    def example(gen, choice):
+        return {"x": tensor(gen, batch, 2, 3, 4), "v": tensor(gen, batch, 2, 4, 5), "d": 3,
+                "r": 3, "h": 2}
+    return example
+
+
+def _rescaled(gen, choice):
+    return {"l": tensor(gen, *ROWS, 1), "m": tensor(gen, *ROWS, 1), "y": tensor(gen, *ROWS, 5)}
+
+
+def _three(gen, choice):
+    return {name: tensor(gen, *ROWS, 1) for name in "abc"} | choice
+
+
+def _table(gen, choice):
+    """Parts of [2, 3, 5] along dim 1 and a table [1, 3, 5] broadcast along dim 0."""
+    return {**concat_parts(gen, (2, 3, 5), 1, 1), "y": tensor(gen, 1, 3, 5), "k": 0, "n": 2,
+            **choice}
+
+
+def _sliced_broadcast(gen, choice):
+    return {"x": tensor(gen, 2, 6, 5), "z": tensor(gen, 2, 1, 5), "d": 1, "s": 1, "e": 4, "n": 3,
+            "m": 6, **choice}
+
+
+def _sliced_twice(gen, choice):
+    return {"x": tensor(gen, 4, 6, 5), "d": 2, "s": 0, "e": 3, "k": 1, "s2": 1, "e2": 4}
+
+
+_EXP_NEG = '(unary "exp" (unary "neg" {}))'
+_LSE = '(reduce "logsumexp" x d)'
+
+
+def _associative(head: str, key: str | None) -> list[Rule]:
+    """Commutativity and associativity (both groupings) of a sum-like constructor."""
+    op = (lambda a, b: f"({head} {a} {b})") if key is None else (
+        lambda a, b: f'({head} "{key}" {a} {b})')
+    name = key or head
+    return [
+        Rule(f"{name}-commutes", op("a", "b"), op("b", "a"), _three),
+        Rule(f"{name}-associates-right", op(op("a", "b"), "c"), op("a", op("b", "c")), _three),
+        Rule(f"{name}-associates-left", op("a", op("b", "c")), op(op("a", "b"), "c"), _three),
+    ]
+
+
+def rules() -> list[Rule]:
+    return [
+        Rule("mul-by-broadcast-left", '(binary "mul" (expand c d n) y)', "(bmul c y)", _scaled),
+        Rule("mul-by-broadcast-right", '(binary "mul" y (expand c d n))', "(bmul c y)", _scaled),
+        # softmax(x) @ v = exp(-lse(x)) * (exp(x) @ v): the unnormalised form blocks share,
+        # for [batch, heads, queries, keys] products as torch runs them (batched over heads:
+        # batch 1 squeezed, or batch and heads merged).
+        Rule("attention-unnormalised",
+             '(unsqueeze (matmul (squeeze (softmax "softmax" x d) 0) (squeeze v 0) r) 0)',
+             f'(bmul {_EXP_NEG.format(_LSE)} '
+             '(unsqueeze (matmul (squeeze (unary "exp" x) 0) (squeeze v 0) r) 0))',
+             _attention(1), when=("(= d r)",)),
+        Rule("attention-unnormalised-merged-heads",
+             '(split (matmul (merge (softmax "softmax" x d) 0 h) (merge v 0 h) r) 0 h)',
+             f'(bmul {_EXP_NEG.format(_LSE)} '
+             '(split (matmul (merge (unary "exp" x) 0 h) (merge v 0 h) r) 0 h))',
+             _attention(2), when=("(= d r)",)),
+        Rule("logsumexp-over-concat", '(reduce "logsumexp" (concat a b d na nb) d)',
+             '(binary "logaddexp" (reduce "logsumexp" a d) (reduce "logsumexp" b d))',
+             lambda gen, c: concat_parts(gen, (2, 3, 5), 2, 2)),
+        # exp(l - m) * (exp(-l) * y) = exp(-m) * y: a block rescaled to the merged log-sum-exp.
+        Rule("rescale-to-merged",
+             f'(bmul (unary "exp" (binary "sub" l m)) (bmul {_EXP_NEG.format("l")} y))',
+             f'(bmul {_EXP_NEG.format("m")} y)', _rescaled),
+        Rule("common-row-scale", '(binary "add" (bmul c x) (bmul c y))', "(bmul c (psum x y))",
+             _scaled),
+        *_associative("psum", None),
+        *_associative("binary", "logaddexp"),
+        # A position-wise op on a concatenation and a table broadcast along another dim (a
+        # mask or rotary table the ranks slice into their own blocks): on the table's slices.
+        Rule("binary-over-concat-and-table", "(binary f (concat a b d na nb) (expand y k n))",
+             "(concat (binary f a (expand (slice y d 0 na) k n)) "
+             "(binary f b (expand (slice y d na (+ na nb)) k n)) d na nb)",
+             _table, when=("(!= d k)",), families={"f": BINARY_KEYS}),
+        Rule("binary-over-table-and-concat", "(binary f (expand y k n) (concat a b d na nb))",
+             "(concat (binary f (expand (slice y d 0 na) k n) a) "
+             "(binary f (expand (slice y d na (+ na nb)) k n) b) d na nb)",
+             _table, when=("(!= d k)",), families={"f": BINARY_KEYS}),
+        Rule("binary-slice-and-broadcast", "(binary f (slice x d s e) (expand z d n))",
+             "(slice (binary f x (expand z d m)) d s e)", _sliced_broadcast,
+             when=("(= m (dimsize x d))",), families={"f": BINARY_KEYS}),
+        Rule("binary-broadcast-and-slice", "(binary f (expand z d n) (slice x d s e))",
+             "(slice (binary f (expand z d m) x) d s e)", _sliced_broadcast,
+             when=("(= m (dimsize x d))",), families={"f": BINARY_KEYS}),
+        Rule("slice-inside-expand", "(slice (expand x k n) d s e)", "(expand (slice x d s e) k n)",
+             lambda gen, c: {"x": tensor(gen, 4, 1, 6), "k": 1, "n": 3, "d": 2, "s": 1, "e": 4},
+             when=("(!= d k)",)),
+        Rule("slice-inside-unsqueeze-before", "(slice (unsqueeze x k) d s e)",
+             "(unsqueeze (slice x d s e) k)",
+             lambda gen, c: {"x": tensor(gen, 4, 6), "k": 2, "d": 1, "s": 1, "e": 4},
+             when=("(< d k)",)),
+        Rule("slice-inside-unsqueeze-after", "(slice (unsqueeze x k) d s e)",
+             "(unsqueeze (slice x (- d 1) s e) k)",
+             lambda gen, c: {"x": tensor(gen, 4, 6), "k": 0, "d": 2, "s": 1, "e": 4},
+             when=("(> d k)",)),
+        Rule("slices-commute", "(slice (slice x d s e) k s2 e2)", "(slice (slice x k s2 e2) d s e)",
+             _sliced_twice, when=("(> d k)",)),
+    ]

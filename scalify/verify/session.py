@@ -55,9 +55,10 @@ class EgglogSession:
 
     def __init__(self, iterations: int = 12, memoize: bool = True,
                  store: MemoStore | None = None, rank_families: bool = False) -> None:
-        """`rank_families` also runs the rank-family rules (for symmetric programs)."""
+        """`rank_families` runs the rank-family rules (for symmetric programs) instead of the
+        per-rank ones."""
         self.iterations = iterations
-        self.rulesets = ["lemmas", "ranks"] if rank_families else ["lemmas"]
+        self.rulesets = ["lemmas", "ranks"] if rank_families else ["lemmas", "per_rank"]
         self.memoize = memoize
         self.store = store
         self.memo: dict[str, Outcome] = {}

@@ -200,10 +200,6 @@ def rules() -> list[Rule]:
              when=("(= e (+ d 1))", "(= (dimsize x d) 1)")),
         Rule("unsqueeze-beside-unit-dim", "(unsqueeze x d)", "(unsqueeze x (+ d 1))",
              lambda gen, c: {"x": tensor(gen, 4, 1, 3), "d": 1}, when=("(= (dimsize x d) 1)",)),
-        Rule("repeat-halves", "(squeeze (expand u e n) d)",
-             "(concat (squeeze (expand u e (/ n 2)) d) (squeeze (expand u e (/ n 2)) d) d (/ n 2) (/ n 2))",
-             lambda gen, c: {"u": tensor(gen, 3, 1, 1, 5), "d": 1, "e": 2, "n": 4},
-             when=("(= e (+ d 1))", "(= (dimsize u d) 1)", "(= (% n 2) 0)", "(>= n 2)")),
         Rule("concat-right-nested", "(concat (concat a b d na nb) c d m nc)",
              "(concat a (concat b c d nb nc) d na (+ nb nc))",
              lambda gen, c: {"a": tensor(gen, 3, 1), "b": tensor(gen, 3, 2), "c": tensor(gen, 3, 4),
@@ -227,6 +223,20 @@ def rules() -> list[Rule]:
              lambda gen, c: {"x": tensor(gen, 4, 6), "d": 1, "e": 0}, when=("(<= e d)",)),
         *_slice_rules(),
         *(_psum_rule(op, attrs, shape, **example) for op, attrs, shape, example in MOVEMENT_OPS),
+    ]
+
+
+def per_rank_rules() -> list[Rule]:
+    """Rules only the per-rank path needs (its own ruleset): there ranks may hold repeated kv
+    chunks, a share of one kv head's copies, which halving the reference's repeat finds. The
+    rank-family path never holds such chunks, and there the halves would meet
+    `concat-parts-are-slices`, which cuts every run of copies into slices (16 query heads per kv
+    head in Llama-3.1-405B: millions of matches per rotary window)."""
+    return [
+        Rule("repeat-halves", "(squeeze (expand u e n) d)",
+             "(concat (squeeze (expand u e (/ n 2)) d) (squeeze (expand u e (/ n 2)) d) d (/ n 2) (/ n 2))",
+             lambda gen, c: {"u": tensor(gen, 3, 1, 1, 5), "d": 1, "e": 2, "n": 4},
+             when=("(= e (+ d 1))", "(= (dimsize u d) 1)", "(= (% n 2) 0)", "(>= n 2)")),
     ]
 
 

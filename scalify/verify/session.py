@@ -56,10 +56,11 @@ class EgglogSession:
     def __init__(self, iterations: int = 12, memoize: bool = True,
                  store: MemoStore | None = None, rank_families: bool = False,
                  context_parallel: bool = False) -> None:
-        """`rank_families` also runs the rank-family rules (for symmetric programs);
-        `context_parallel` the rules of sequence chunks and blockwise attention."""
+        """`rank_families` runs the rank-family rules (for symmetric programs) instead of the
+        per-rank ones; `context_parallel` also the rules of sequence chunks and blockwise
+        attention."""
         self.iterations = iterations
-        self.rulesets = ["lemmas", "ranks"] if rank_families else ["lemmas"]
+        self.rulesets = ["lemmas", "ranks"] if rank_families else ["lemmas", "per_rank"]
         if context_parallel:
             self.rulesets.append(context.RULESET)
         self.memoize = memoize

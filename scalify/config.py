@@ -48,8 +48,7 @@ class PlanSpec:
     ranks (mixtral, megatron style), tokens dispatched by `expert_dispatch`: "all_reduce" (each
     rank's experts on every token, partial outputs summed) or "all_to_all".
     `context_parallel` shards the sequence over that many ranks (llama, megatron style): each
-    rank's attention merges the ranks' key blocks by log-sum-exp; `context_load_balance` gives
-    each rank a chunk from each end of the sequence (even causal work).
+    rank's attention merges the ranks' key blocks by log-sum-exp.
     """
 
     style: str = "megatron"
@@ -67,7 +66,6 @@ class PlanSpec:
     expert_parallel: int = 1
     expert_dispatch: str = "all_reduce"
     context_parallel: int = 1
-    context_load_balance: bool = False
 
 
 @dataclass(frozen=True)
@@ -388,7 +386,6 @@ _SCHEMAS: dict[type, dict[str, Checker]] = {
         "expert_parallel": _positive_int,
         "expert_dispatch": _choice(*EXPERT_DISPATCHES),
         "context_parallel": _positive_int,
-        "context_load_balance": _boolean,
     },
     HardwareSpec: {"name": _text, "target": _choice(*HARDWARE_TARGETS), "devices": _positive_int},
     InputSpec: {"batch": _positive_int, "seq": _positive_int},

@@ -19,7 +19,7 @@ from rich.table import Table
 import scalify
 
 _PLANTED_FILES = ("parallel/planted.py", "parallel/dtensor_planted.py",
-                  "parallel/experts_planted.py")
+                  "parallel/experts_planted.py", "parallel/context_planted.py")
 _LAYERS = {"llama": "model.num_hidden_layers", "gpt2": "model.n_layer",
            "mixtral": "model.num_hidden_layers"}
 
@@ -53,7 +53,8 @@ class Cell:
     def world_size(self) -> int:
         fields = dict(self.plan_fields)
         return (int(fields.get("tensor_parallel", 1)) * int(fields.get("data_parallel", 1))
-                * int(fields.get("expert_parallel", 1)) * int(fields.get("pipeline_parallel", 1)))
+                * int(fields.get("expert_parallel", 1)) * int(fields.get("pipeline_parallel", 1))
+                * int(fields.get("context_parallel", 1)))
 
     def experiment(self) -> dict:
         world = self.world_size()
@@ -81,6 +82,7 @@ def _cells() -> list[Cell]:
     a2a = (("expert_parallel", 2), ("expert_dispatch", "all_to_all"))
     pp2 = (("pipeline_parallel", 2),)
     pp2_micro = (("pipeline_parallel", 2), ("micro_batches", 2))
+    cp2 = (("context_parallel", 2),)
     return [
         Cell("llama", "TP2", False, tp2),
         Cell("gpt2", "TP2", False, tp2),
@@ -120,6 +122,9 @@ def _cells() -> list[Cell]:
         Cell("llama", "PP2", False, pp2, bug="pp-stage-boundary-duplicated", layers=2),
         Cell("llama", "PP2 x2 micro-batches", True, pp2_micro,
              bug="pp-loss-normalised-per-microbatch", batch=2, layers=2),
+        Cell("llama", "CP2", False, cp2),
+        Cell("llama", "CP2", False, cp2, bug="cp-local-softmax-no-merge"),
+        Cell("llama", "CP2", False, cp2, bug="cp-mask-local-positions"),
     ]
 
 

@@ -101,14 +101,14 @@ def _tensor_parallel(experiment: Experiment, hf_config, reference_step: Step,
 def _context_parallel(experiment: Experiment, hf_config, reference_step: Step,
                       inputs: dict[str, torch.Tensor], names: list[str]) -> Programs:
     from .models import build_reference
-    from .parallel.context import SequenceLayout, context_parallel_rank
+    from .parallel.context import SEQUENCE_DIM, SequenceLayout, context_parallel_rank
     from .parallel.context_planted import context_parts
 
     if experiment.verify.backward or experiment.verify.loss:
         raise ConfigError("verify.backward and verify.loss are not supported for context-parallel "
                           "plans yet: verify the forward (the logits)")
     plan = experiment.plan
-    layout = SequenceLayout(plan.context_parallel, experiment.inputs.seq, plan.context_load_balance)
+    layout = SequenceLayout(plan.context_parallel, experiment.inputs.seq)
     parts = context_parts(plan.planted_bug)
 
     def rank_model(rank: int) -> nn.Module:
@@ -117,7 +117,7 @@ def _context_parallel(experiment: Experiment, hf_config, reference_step: Step,
             parts)
 
     return Programs(reference_step, rank_model, inputs, {}, [Replicate()],
-                    input_placements={"input_ids": layout.placement("input_ids")})
+                    input_placements={"input_ids": Shard(SEQUENCE_DIM)})
 
 
 def _expert_parallel(experiment: Experiment, hf_config, reference_step: Step,

@@ -1,12 +1,11 @@
 """Context parallelism for Llama: the sequence is sharded across ranks, attention is merged over
 key blocks by log-sum-exp (the online-softmax merge of ring attention).
 
-Each rank holds a contiguous chunk of the sequence or, load-balanced, two of 2 x world chunks
-(see `SequenceLayout`). Each rank gathers the keys and
-values of all ranks, then visits the ranks' key blocks in ring order (its own first), computing
-per block the attention output and its log-sum-exp, and merges them into the running result.
-Rotary tables and the causal mask are built for the whole sequence and sliced to the rank's own
-positions (so positions are global, as in Megatron's `get_pos_emb_on_this_cp_rank`).
+Each rank holds a contiguous chunk of the sequence. It gathers the keys and values of all ranks,
+then visits the ranks' key blocks in ring order (its own first), computing per block the
+attention output and its log-sum-exp, and merges them into the running result. Rotary tables
+and the causal mask are built for the whole sequence and sliced to the rank's own positions (so
+positions are global, as in Megatron's `get_pos_emb_on_this_cp_rank`).
 """
 from __future__ import annotations
 
@@ -23,7 +22,6 @@ from transformers.masking_utils import create_causal_mask
 from transformers.models.llama.modeling_llama import repeat_kv
 
 from scalify.errors import ShapeError
-from scalify.placements import Custom, Piece
 
 SEQUENCE_DIM = 1  # of hidden states [batch, seq, hidden]
 HEAD_SEQUENCE_DIM = 2  # of attention tensors [batch, heads, seq, head_dim]
@@ -32,54 +30,29 @@ ATTENTION = "scalify_context_parallel"
 
 @dataclass(frozen=True)
 class SequenceLayout:
-    """Which positions each of `world` ranks holds of a sequence of `seq` tokens: one contiguous
-    chunk each, or (`balanced`) two of 2 x world chunks, one from each end, so every rank does
-    the same causal attention work."""
+    """Which positions each of `world` ranks holds of a sequence of `seq` tokens: rank r holds
+    the r-th of `world` contiguous chunks."""
 
     world: int
     seq: int
-    balanced: bool = False
 
     def __post_init__(self) -> None:
-        chunks = 2 * self.world if self.balanced else self.world
-        if self.seq % chunks:
+        if self.seq % self.world:
             raise ShapeError(f"context parallelism over {self.world} ranks cuts the sequence into "
-                             f"{chunks} equal chunks: inputs.seq ({self.seq}) must be a multiple "
-                             "of that")
+                             f"{self.world} equal chunks: inputs.seq ({self.seq}) must be a "
+                             "multiple of that")
 
     @property
     def chunk(self) -> int:
-        return self.seq // (2 * self.world if self.balanced else self.world)
-
-    def chunks_of(self, rank: int) -> tuple[int, ...]:
-        """The chunks rank `rank` holds, in its local order."""
-        return (rank, 2 * self.world - 1 - rank) if self.balanced else (rank,)
+        return self.seq // self.world
 
     def own(self, full: torch.Tensor, dim: int, rank: int) -> torch.Tensor:
-        """The positions `rank` holds of a whole-sequence tensor (its chunks, in order)."""
-        pieces = [full.narrow(dim, c * self.chunk, self.chunk) for c in self.chunks_of(rank)]
-        return torch.cat(pieces, dim) if len(pieces) > 1 else pieces[0]
-
-    def natural_order(self, gathered: torch.Tensor, dim: int) -> torch.Tensor:
-        """The whole sequence from the ranks' gathered chunks (in rank order)."""
-        if not self.balanced:
-            return gathered
-        held, pieces = 2 * self.chunk, []
-        for chunk in range(2 * self.world):
-            owner = chunk if chunk < self.world else 2 * self.world - 1 - chunk
-            start = owner * held + (0 if chunk < self.world else self.chunk)
-            pieces.append(gathered.narrow(dim, start, self.chunk))
-        return torch.cat(pieces, dim)
+        """The positions `rank` holds of a whole-sequence tensor."""
+        return full.narrow(dim, rank * self.chunk, self.chunk)
 
     def ring_order(self, rank: int) -> list[int]:
         """The ranks whose key blocks `rank` visits: its own, then as a ring passes them on."""
         return [(rank - step) % self.world for step in range(self.world)]
-
-    def placement(self, name: str, dim: int = SEQUENCE_DIM) -> Custom:
-        """The inputs' relation: rank r's `name` holds its chunks along `dim`."""
-        return Custom(dim, tuple(Piece(rank, name, k * self.chunk, chunk * self.chunk, self.chunk)
-                                 for rank in range(self.world)
-                                 for k, chunk in enumerate(self.chunks_of(rank))))
 
 
 def gather_sequence_blocks(local: torch.Tensor, world: int) -> list[torch.Tensor]:
@@ -104,7 +77,8 @@ def online_softmax_step(result: Partial | None, scores: torch.Tensor,
     """Attend to one key block and merge it into `result`: both rescaled to the joint
     log-sum-exp (the online-softmax merge)."""
     block_lse = torch.logsumexp(scores, dim=-1, keepdim=True)
-    block_out = torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32), values)
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
+    block_out = torch.matmul(weights, values)
     if result is None:
         return block_out, block_lse
     out, lse = result
@@ -171,8 +145,7 @@ class ContextParallelLlama(nn.Module):
         for layer in model.layers:
             hidden = layer(hidden, attention_mask=mask, position_embeddings=own)
         logits = self.lm_head(model.norm(hidden))
-        gathered = funcol.all_gather_single(logits, SEQUENCE_DIM, dist.group.WORLD)
-        return layout.natural_order(gathered, SEQUENCE_DIM)
+        return funcol.all_gather_single(logits, SEQUENCE_DIM, dist.group.WORLD)
 
 
 def context_parallel_rank(hf_config: LlamaConfig, rank: int, layout: SequenceLayout,

@@ -19,6 +19,7 @@ import scalify.parallel
 from scalify.errors import ConfigError, ShapeError
 from scalify.models import PRESETS, build_reference, example_inputs, make_hf_config, reference_forward
 from scalify.parallel import PLANTED_BUGS, build_rank_model, param_placements
+from scalify.parallel.context_planted import CONTEXT_PLANTED
 from scalify.parallel.dtensor_planted import DTENSOR_PLANTED_BUGS
 from scalify.parallel.experts_planted import EXPERT_PARALLEL_BUGS
 from scalify.parallel.planted import (DATA_PARALLEL_BUGS, PIPELINE_BUGS, PLANTED_PARTS,
@@ -202,7 +203,8 @@ def test_column_wrong_dim_declares_the_dim_1_shard():
 def test_each_planted_bug_is_marked_on_exactly_one_line():
     sources = "\n".join(path.read_text() for path in Path(scalify.parallel.__file__).parent.glob("*.py"))
     markers = re.findall(r"# planted: ([\w-]+)", sources)
-    assert sorted(markers) == sorted([*PLANTED_BUGS, *DTENSOR_PLANTED_BUGS, *EXPERT_PARALLEL_BUGS])
+    assert sorted(markers) == sorted([*PLANTED_BUGS, *DTENSOR_PLANTED_BUGS, *EXPERT_PARALLEL_BUGS,
+                                      *CONTEXT_PLANTED])
     assert set(PLANTED_PARTS) | set(PLANTED_QKV_ROWS) == \
         set(PLANTED_BUGS) - set(DATA_PARALLEL_BUGS) - set(PIPELINE_BUGS)
 

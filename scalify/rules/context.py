@@ -61,14 +61,14 @@ _LSE = '(reduce "logsumexp" x d)'
 
 
 def _associative(head: str, key: str | None) -> list[Rule]:
-    """Commutativity and associativity (both groupings) of a sum-like constructor."""
+    """Commutativity and associativity of a sum-like constructor (with commutativity, one
+    regrouping reaches every grouping)."""
     op = (lambda a, b: f"({head} {a} {b})") if key is None else (
         lambda a, b: f'({head} "{key}" {a} {b})')
     name = key or head
     return [
         Rule(f"{name}-commutes", op("a", "b"), op("b", "a"), _three),
         Rule(f"{name}-associates-right", op(op("a", "b"), "c"), op("a", op("b", "c")), _three),
-        Rule(f"{name}-associates-left", op("a", op("b", "c")), op(op("a", "b"), "c"), _three),
     ]
 
 

@@ -111,8 +111,7 @@ class Verifier:
         self.ref_users = ref.users()
         # Ranks that hold sequence chunks slice shared tables (rotary, mask) before each layer,
         # and never hold the softmax of attention merged over key blocks: windows see those
-        # slices, and fused runs are allowed.
-        self.movement_across_regions = options.context_parallel
+        # slices (`_with_dependencies`), and fused runs are allowed.
         self.fused_ops = options.fused_ops if options.context_parallel else 0
         self.placements: dict[str, Placement] = {}
 
@@ -299,12 +298,13 @@ class Verifier:
             for run in runs:
                 result.deferred.pop(run.pending, None)
             return Relation(chosen, aliases, _inherited(inputs, set(leaves(parse(chosen)))))
-        if not runs and self.fused_ops:  # perhaps the ranks compute it fused with the next ops
-            result.deferred[node.name] = self._discrepancy(node, inputs, term, narrowest or window)
-            return Relation(outcome.term, pending=node.name, fused=1)
         fused = max((r.fused for r in runs), default=0) + 1
-        if runs and fused <= self.fused_ops:
-            return Relation(outcome.term, pending=runs[0].pending, fused=fused)
+        if fused <= self.fused_ops:  # perhaps the ranks compute it fused with the next ops
+            if not runs:
+                result.deferred[node.name] = self._discrepancy(node, inputs, term,
+                                                               narrowest or window)
+            return Relation(outcome.term, pending=runs[0].pending if runs else node.name,
+                            fused=fused)
         if runs:
             self._fail_run(runs[0].pending, node, result)
         else:
@@ -362,7 +362,8 @@ class Verifier:
         frontier = window + [n for n in leaves_in if n not in self.dist_const
                              and self.dist.graph[n].op != "placeholder" and self.region[n] == region]
         defined = set(frontier)
-        depth = self.options.backward_depth + (3 if self.movement_across_regions else 0)
+        across = self.options.context_parallel  # movement ops from outside the region too
+        depth = self.options.backward_depth + (3 if across else 0)
         for _ in range(depth):
             upstream = []
             for name in frontier:
@@ -370,7 +371,7 @@ class Verifier:
                     node = self.dist.graph[arg]
                     if (arg in defined or arg in known or arg in self.dist_const
                             or node.op == "placeholder" or self.region[arg] != region
-                            and not (self.movement_across_regions and OPS[node.op].trait == MOVEMENT)):
+                            and not (across and OPS[node.op].trait == MOVEMENT)):
                         continue
                     defined.add(arg)
                     upstream.append(arg)

@@ -113,7 +113,8 @@ def verify(config: str | os.PathLike | dict | Experiment, *, numeric: bool | Non
         options=VerifyOptions(window_depth=experiment.verify.window_depth,
                               memo=experiment.verify.memo, memo_store=experiment.verify.memo_store,
                               rank_symmetry=experiment.verify.rank_symmetry,
-                              context_parallel=experiment.plan.context_parallel > 1),
+                              context_parallel=experiment.plan.context_parallel > 1,
+                              fused_ops=programs.fused_ops),
         executor=executor or executor_for(experiment.engine), grad=programs.grad,
         shard_fn=programs.shard_fn)
     report.config = experiment.to_dict()

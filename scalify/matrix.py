@@ -42,7 +42,6 @@ class Cell:
     @property
     def step(self) -> str:
         return "backward" if self.backward else "loss" if self.loss else "forward"
-    layers: int = 1  # decoder layers of the tiny model
 
     @property
     def name(self) -> str:
@@ -92,6 +91,7 @@ def _cells() -> list[Cell]:
         Cell("mixtral", "EP2", False, ep2),
         Cell("mixtral", "EP2", False, ep2, rank_symmetry=False),
         Cell("mixtral", "EP2 all-to-all", False, a2a),
+        Cell("mixtral", "EP2", True, ep2),
         Cell("llama", "TP2", True, tp2),
         Cell("llama", "TP2", True, tp2, rank_symmetry=False),
         Cell("llama", "TP2+SP", True, sp2),
@@ -108,6 +108,9 @@ def _cells() -> list[Cell]:
         Cell("llama", "TP4 vocab-parallel loss", False, vocab4, loss=True),
         *(Cell("llama", "TP2 vocab-parallel loss", False, vocab2, bug=bug, loss=True)
           for bug in ce_bugs),
+        Cell("llama", "TP2 vocab-parallel loss", True, vocab2),
+        Cell("llama", "TP4 vocab-parallel loss", True, vocab4),
+        Cell("llama", "TP2 vocab-parallel loss", True, vocab2, bug="ce-sum-grad-allreduced"),
         Cell("gpt2", "TP2", True, tp2),
         Cell("gpt2", "TP2", True, tp2, rank_symmetry=False,
              gap="on the per-rank path the fused [q|k|v] bias gradient (a sum over blocked "

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..errors import CaptureError
-from .builder import GraphBuilder, Ref
+from .builder import GraphBuilder, LogSoftmaxParts, Ref
 
 Result = Ref | list[Ref] | tuple | None
 Lowering = Callable[[GraphBuilder, str, list[Any], dict[str, Any], Any], Result]
@@ -234,9 +234,29 @@ def _log_softmax(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any)
     result = b.emit("sub", [shifted, b.broadcast(b.emit("unsqueeze", [log_sum_exp], dim=dim),
                                                  x.shape)])
     result = _cast_to(b, result, out)
-    if dim == len(x.shape) - 1:
-        b.log_softmax_parts[result.name] = (shifted, log_sum_exp)
+    b.log_softmax_parts[result.name] = LogSoftmaxParts(dim, shifted, total, log_sum_exp)
     return result
+
+
+@lowering("_log_softmax_backward_data")
+def _log_softmax_backward(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    """grad - softmax * sum(grad), the softmax as exp(shifted) / sum(exp(shifted)) from the
+    forward's pieces (as a vocab-parallel loss's ranks compute it), else exp(output)."""
+    grad, output = args[0], args[1]
+    dim = _dim(args[2], len(output.shape))
+    parts = b.log_softmax_parts.get(output.name)
+    if parts is not None and parts.dim == dim:
+        total = b.broadcast(b.emit("unsqueeze", [parts.total], dim=dim), output.shape)
+        probs = b.emit("div", [b.emit("exp", [parts.shifted]), total])
+    else:
+        probs = b.emit("exp", [output])
+    picked = b.graph[grad.name]
+    if picked.op == "untake" and dim == len(grad.shape) - 1:  # one class per row: its value
+        summed = b.emit("unsqueeze", [Ref(picked.inputs[0], grad.shape[:-1], grad.dtype)], dim=dim)
+    else:
+        summed = b.emit("sum", [grad], dim=dim)
+    summed = b.broadcast(summed, grad.shape)
+    return _cast_to(b, b.emit("sub", [grad, b.emit("mul", [probs, summed])]), out)
 
 
 @lowering("native_layer_norm")
@@ -466,6 +486,42 @@ def _gather(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> R
     return b.emit("unsqueeze", [b.emit("take", [x, index])], dim=len(index.shape))
 
 
+@lowering("scatter_add")
+def _scatter_add(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    """`x` plus `src` put at `index` along the last dim (gather's backward, one index per row);
+    into zeros it is the `untake` alone."""
+    x, dim, index, src = args[:4]
+    if _dim(dim, len(x.shape)) != len(x.shape) - 1 or index.shape != x.shape[:-1] + (1,):
+        raise CaptureError("aten.scatter_add is supported along the last dim with one index per row")
+    last = len(index.shape) - 1
+    put = b.emit("untake", [b.emit("squeeze", [src], dim=last), b.emit("squeeze", [index], dim=last)],
+                 size=x.shape[-1])
+    target = b.graph[x.name]
+    if target.op == "full" and target.attr("value") == 0:
+        return put
+    return b.emit("add", [x, put])
+
+
+@lowering("scatter")
+def _scatter(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    """Values put into zeros at a top-k's indices along the last dim (top-k's backward): the
+    indices of a row are distinct, so the scatter is the sum of one `untake` per column."""
+    x, dim, index, src = args[:4]
+    last = len(x.shape) - 1
+    zeros = b.graph[x.name]
+    if (_dim(dim, len(x.shape)) != last or b.graph[index.name].op != "topk_index"
+            or zeros.op != "full" or zeros.attr("value") != 0 or not isinstance(src, Ref)):
+        raise CaptureError("aten.scatter is supported into zeros at a top-k's indices along the "
+                           "last dim")
+    total = None
+    for column in range(index.shape[-1]):
+        pick = [b.emit("squeeze", [b.emit("slice", [ref], dim=last, start=column, end=column + 1)],
+                       dim=last) for ref in (src, index)]
+        put = b.emit("untake", pick, size=x.shape[-1])
+        total = put if total is None else b.emit("add", [total, put])
+    return total
+
+
 def _ignored(b: GraphBuilder, target: Ref, ignore_index: int) -> tuple[Ref, Ref]:
     """(mask of ignored targets, targets with the ignored ones set to 0)."""
     ignored = b.emit("eq_scalar", [target], "bool", value=ignore_index)
@@ -482,11 +538,11 @@ def _nll_loss(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) ->
         raise CaptureError("aten.nll_loss_forward is supported on [tokens, classes] without weights")
     ignored, safe = _ignored(b, target, ignore_index)
     parts = b.log_softmax_parts.get(logp.name)
-    if parts is None:
+    if parts is None or parts.dim != len(logp.shape) - 1:
         losses = b.emit("neg", [b.emit("masked_fill", [b.emit("take", [logp, safe]), ignored],
                                        value=0.0)])
     else:  # -log p[t] = log-sum-exp - shifted[t], without the log-probabilities
-        shifted, log_sum_exp = parts
+        shifted, log_sum_exp = parts.shifted, parts.log_sum_exp
         losses = b.emit("sub", [log_sum_exp, b.emit("take", [shifted, safe])])
         losses = b.emit("masked_fill", [losses, ignored], value=0.0)
     counted = b.emit("cast", [b.emit("ne_scalar", [target], "bool", value=ignore_index)], "int64",

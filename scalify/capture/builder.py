@@ -17,6 +17,17 @@ class Ref:
     dtype: str
 
 
+@dataclass(frozen=True)
+class LogSoftmaxParts:
+    """A log-softmax over `dim` spelled out: `shifted` = x - max, `total` = sum(exp(shifted)),
+    `log_sum_exp` = log(total); the log-probabilities are shifted - log_sum_exp."""
+
+    dim: int
+    shifted: Ref
+    total: Ref
+    log_sum_exp: Ref
+
+
 class GraphBuilder:
     """Appends nodes to a graph; every node gets the current source location."""
 
@@ -25,9 +36,9 @@ class GraphBuilder:
         self.source = SourceLoc()
         self._prefix = prefix
         self._count = 0
-        # Pieces of composite values a later lowering may reuse, by the value's node name: a
-        # log-softmax's (shifted logits, log-sum-exp), so a loss picks from the shifted logits.
-        self.log_softmax_parts: dict[str, tuple[Ref, Ref]] = {}
+        # Pieces of composite values later lowerings reuse, by the value's node name: a loss
+        # picks from a log-softmax's shifted logits, its backward uses their exponentials.
+        self.log_softmax_parts: dict[str, LogSoftmaxParts] = {}
 
     def emit(self, op: str, inputs: list[Ref], out_dtype: str | None = None, **attrs: Any) -> Ref:
         shape = infer_shape(op, [ref.shape for ref in inputs], attrs)

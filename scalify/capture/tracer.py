@@ -32,7 +32,7 @@ _COLLECTIVE_GROUP_ARG = {"all_reduce": 2, "all_gather_into_tensor": 2, "reduce_s
 _aten = torch.ops.aten
 # Backward ops recorded as the core ops torch's own decompositions spell them in.
 DECOMPOSED = get_decompositions([
-    _aten._softmax_backward_data, _aten._log_softmax_backward_data, _aten.silu_backward,
+    _aten._softmax_backward_data, _aten.silu_backward,
     _aten.gelu_backward, _aten.tanh_backward, _aten.sigmoid_backward, _aten.threshold_backward,
     _aten.native_layer_norm_backward])
 

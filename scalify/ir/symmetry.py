@@ -17,7 +17,7 @@ from .graph import Graph, Node
 # Integer attributes that may differ by rank, per op.
 _RANK_ATTRS = {"add_scalar": ("value",), "lt_scalar": ("value",), "le_scalar": ("value",),
                "gt_scalar": ("value",), "ge_scalar": ("value",), "eq_scalar": ("value",),
-               "ne_scalar": ("value",), "slice": ("start", "end")}
+               "ne_scalar": ("value",), "slice": ("start", "end"), "pad": ("before", "after")}
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,8 @@ def _unify(node: Node, peers: list[Node], world: int) -> tuple[Node | None, str]
         attrs = [(k, v) for k, v in attrs if k != "group"] + [("family", world)]
     if node.op == "slice" and not _rank_block(dict(attrs)):
         return None, f"{node.source}: a rank-dependent slice that is not the rank's own block"
+    if node.op == "pad" and not _rank_block_in_zeros(dict(attrs), world):
+        return None, f"{node.source}: a rank-dependent pad that does not put the rank's block in zeros"
     return replace(node, name=qualified(0, node.name),
                    inputs=tuple(qualified(0, i) for i in node.inputs), attrs=tuple(attrs)), ""
 
@@ -102,6 +104,17 @@ def _rank_block(attrs: dict) -> bool:
         return True
     return (isinstance(start, RankAffine) and isinstance(end, RankAffine) and start.offset == 0
             and start.scale == end.scale == end.offset)
+
+
+def _rank_block_in_zeros(attrs: dict, world: int) -> bool:
+    """A pad whose widths are constant, or that puts a block at block `rank` of `world` equal
+    blocks of zeros (the backward of the rank's own block)."""
+    before, after = attrs["before"], attrs["after"]
+    if not isinstance(before, RankAffine) and not isinstance(after, RankAffine):
+        return True
+    return (isinstance(before, RankAffine) and isinstance(after, RankAffine) and attrs["value"] == 0
+            and before.offset == 0 and after.scale == -before.scale
+            and after.offset == before.scale * (world - 1))
 
 
 def _users_of(nodes: list[Node]) -> dict[str, list[str]]:

@@ -4,7 +4,10 @@ Rank r of n holds experts [r*E/n, (r+1)*E/n) (the Shard(0) slices of HF's fused 
 weights, under HF's parameter names); attention, norms, embeddings and the router are
 replicated, and the router's top-k runs over all E experts on every rank. Each rank runs its
 experts on every token, weighs their outputs by the tokens' routing weights (zero for experts a
-token did not choose), and the ranks' partial outputs are summed with an all-reduce.
+token did not choose), and the ranks' partial outputs are summed with an all-reduce. In a
+training step the gradients of the tokens and of their routing weights, partial on each rank
+(its experts only), are all-reduced where they enter the experts (Megatron's f), so the
+replicated parameters get whole gradients on every rank.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from transformers.activations import ACT2FN
 
 from scalify.errors import ConfigError
 from scalify.models.moe import combine, expert_outputs, routing_weights
-from scalify.parallel.layers import all_reduce_sum, divide
+from scalify.parallel.layers import all_gather_rows, all_reduce_sum, copy_to_tensor_parallel, divide
 from scalify.placements import Placement, Replicate, Shard
 
 EXPERT_WEIGHTS = ("gate_up_proj", "down_proj")
@@ -49,9 +52,14 @@ class ExpertParallelExperts(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor:
+        tokens, weights = copy_to_tensor_parallel(hidden_states), copy_to_tensor_parallel(top_k_weights)
+        return self.exchange(tokens, top_k_index, weights).to(hidden_states.dtype)
+
+    def exchange(self, tokens: torch.Tensor, top_k_index: torch.Tensor,
+                 top_k_weights: torch.Tensor) -> torch.Tensor:
+        """Every token's output summed over all ranks' experts."""
         weights = self.local_weights(top_k_index, top_k_weights)
-        partial = combine(expert_outputs(self, hidden_states), weights)
-        return all_reduce_sum(partial).to(hidden_states.dtype)
+        return all_reduce_sum(combine(expert_outputs(self, tokens), weights))
 
     def placements(self) -> dict[str, Placement]:
         return {name: Shard(0) for name in EXPERT_WEIGHTS}
@@ -67,15 +75,15 @@ class AllToAllExperts(ExpertParallelExperts):
     an all-gather rebuilds the whole sequence for the replicated layers that follow.
     """
 
-    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
-                top_k_weights: torch.Tensor) -> torch.Tensor:
+    def exchange(self, tokens: torch.Tensor, top_k_index: torch.Tensor,
+                 top_k_weights: torch.Tensor) -> torch.Tensor:
         world, rank = dist.get_world_size(), dist.get_rank()
-        block = divide(hidden_states.shape[0], world, "tokens (batch * seq)")
-        own = hidden_states[rank * block:(rank + 1) * block]
-        tokens = self.dispatch(torch.cat([own] * world, dim=0))
-        partial = combine(expert_outputs(self, tokens), self.local_weights(top_k_index, top_k_weights))
+        block = divide(tokens.shape[0], world, "tokens (batch * seq)")
+        own = tokens[rank * block:(rank + 1) * block]
+        received = self.dispatch(torch.cat([own] * world, dim=0))
+        partial = combine(expert_outputs(self, received), self.local_weights(top_k_index, top_k_weights))
         summed = self.return_to_owners(partial, block).view(world, block, -1).sum(dim=0)
-        return funcol.all_gather_single(summed, 0, dist.group.WORLD).to(hidden_states.dtype)
+        return all_gather_rows(summed)
 
     def return_to_owners(self, partial: torch.Tensor, block: int) -> torch.Tensor:
         """Every token's partial output back to the rank owning its block (`block` tokens each)."""
@@ -83,7 +91,7 @@ class AllToAllExperts(ExpertParallelExperts):
 
     def dispatch(self, blocks: torch.Tensor) -> torch.Tensor:
         """Block e of `blocks` (equal row blocks) to rank e; block s of the result from rank s."""
-        return funcol.all_to_all_single(blocks, None, None, dist.group.WORLD)
+        return funcol.all_to_all_single_autograd(blocks, None, None, dist.group.WORLD)
 
 
 ExpertsClass = Callable[[MixtralConfig, int, int], nn.Module]

@@ -13,7 +13,7 @@ from transformers.models.mixtral.modeling_mixtral import MixtralTopKRouter
 
 from scalify.models.moe import combine, expert_outputs
 from scalify.parallel.experts import AllToAllExperts, ExpertParallelExperts, ExpertsClass
-from scalify.parallel.layers import all_reduce_sum, divide
+from scalify.parallel.layers import all_reduce_sum, copy_to_tensor_parallel, divide
 
 EXPERT_PARALLEL_BUGS: dict[str, str] = {
     "ep-combine-weights-twice": "expert-parallel mixtral multiplies the experts' outputs by the "
@@ -23,23 +23,32 @@ EXPERT_PARALLEL_BUGS: dict[str, str] = {
     "ep-wrong-split-sizes": "all-to-all expert-parallel mixtral (2 ranks): the combine's split "
                             "sizes move the token-block boundary by one, so each rank sums a "
                             "neighbour's token into its own block",
+    "ep-router-grad-unreduced": "expert-parallel mixtral: the routing weights enter the experts "
+                                "without Megatron's f, so the router's gradient keeps only the "
+                                "rank's own experts' part (right forward, wrong training step)",
 }
 
 
 class WeightsTwiceExperts(ExpertParallelExperts):
+    def exchange(self, tokens: torch.Tensor, top_k_index: torch.Tensor,
+                 top_k_weights: torch.Tensor) -> torch.Tensor:
+        weights = self.local_weights(top_k_index, top_k_weights)
+        outputs = expert_outputs(self, tokens) * weights.transpose(0, 1).unsqueeze(-1)
+        return all_reduce_sum(combine(outputs, weights))  # planted: ep-combine-weights-twice
+
+
+class RouterGradUnreducedExperts(ExpertParallelExperts):
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor:
-        weights = self.local_weights(top_k_index, top_k_weights)
-        outputs = expert_outputs(self, hidden_states) * weights.transpose(0, 1).unsqueeze(-1)
-        partial = combine(outputs, weights)  # planted: ep-combine-weights-twice
-        return all_reduce_sum(partial).to(hidden_states.dtype)
+        tokens = copy_to_tensor_parallel(hidden_states)
+        return self.exchange(tokens, top_k_index, top_k_weights).to(hidden_states.dtype)  # planted: ep-router-grad-unreduced
 
 
 class WrongSplitsAllToAllExperts(AllToAllExperts):
     def return_to_owners(self, partial: torch.Tensor, block: int) -> torch.Tensor:
         rank = dist.get_rank()
         splits = [block + 1 if peer == rank else block - 1 for peer in range(dist.get_world_size())]
-        return funcol.all_to_all_single(partial, splits, splits, dist.group.WORLD)  # planted: ep-wrong-split-sizes
+        return funcol.all_to_all_single_autograd(partial, splits, splits, dist.group.WORLD)  # planted: ep-wrong-split-sizes
 
 
 class LocalTopKRouter(MixtralTopKRouter):
@@ -61,7 +70,8 @@ class LocalTopKRouter(MixtralTopKRouter):
 
 
 PLANTED_EXPERTS: dict[str, ExpertsClass] = {"ep-combine-weights-twice": WeightsTwiceExperts,
-                                             "ep-wrong-split-sizes": WrongSplitsAllToAllExperts}
+                                             "ep-wrong-split-sizes": WrongSplitsAllToAllExperts,
+                                             "ep-router-grad-unreduced": RouterGradUnreducedExperts}
 PLANTED_ROUTERS = {"ep-topk-local-experts": LocalTopKRouter}
-PLANTED_DISPATCH = {"ep-combine-weights-twice": "all_reduce",
+PLANTED_DISPATCH = {"ep-combine-weights-twice": "all_reduce", "ep-router-grad-unreduced": "all_reduce",
                     "ep-wrong-split-sizes": "all_to_all"}  # the dispatch each bug lives in

@@ -32,10 +32,10 @@ def _sum_over_ranks(partial: torch.Tensor) -> torch.Tensor:
     return funcol.all_reduce(partial, "sum", dist.group.WORLD)
 
 
-def _gather_last_dim(local: torch.Tensor) -> torch.Tensor:
+def _gather(local: torch.Tensor, dim: int) -> torch.Tensor:
     # The dim is passed non-negative: funcol's view shortcut (taken when dim 0 equals the group
     # size) computes a wrong shape for gather_dim=-1.
-    return funcol.all_gather_single(local, local.dim() - 1, dist.group.WORLD)
+    return funcol.all_gather_single(local, dim % local.dim(), dist.group.WORLD)
 
 
 def own_chunk(full: torch.Tensor, dim: int) -> torch.Tensor:
@@ -68,16 +68,18 @@ class _ReduceFromTensorParallel(torch.autograd.Function):
         return grad
 
 
-class _GatherLastDim(torch.autograd.Function):
-    """Concatenate the ranks' tensors along the last dim; the gradient is this rank's chunk."""
+class _GatherReplicated(torch.autograd.Function):
+    """Concatenate the ranks' tensors along `dim` into a value every rank then uses alike; the
+    gradient is this rank's chunk."""
 
     @staticmethod
-    def forward(ctx: Any, local: torch.Tensor) -> torch.Tensor:
-        return _gather_last_dim(local)
+    def forward(ctx: Any, local: torch.Tensor, dim: int) -> torch.Tensor:
+        ctx.dim = dim
+        return _gather(local, dim)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        return own_chunk(grad, grad.dim() - 1)
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return own_chunk(grad, ctx.dim), None
 
 
 SEQUENCE_DIM = 1  # activations are [batch, sequence, hidden]
@@ -139,7 +141,12 @@ def all_reduce_sum(partial: torch.Tensor) -> torch.Tensor:
 
 def all_gather_last_dim(local: torch.Tensor) -> torch.Tensor:
     """Concatenate the ranks' `local` tensors along the last dim."""
-    return _GatherLastDim.apply(local)
+    return _GatherReplicated.apply(local, local.dim() - 1)
+
+
+def all_gather_rows(local: torch.Tensor) -> torch.Tensor:
+    """Concatenate the ranks' `local` tensors along dim 0, for every rank to use alike."""
+    return _GatherReplicated.apply(local, 0)
 
 
 class ColumnParallelLinear(nn.Linear):

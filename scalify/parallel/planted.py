@@ -25,6 +25,7 @@ from scalify.parallel.layers import (
     SequenceParallelRMSNorm,
     VocabParallelEmbedding,
     all_reduce_sum,
+    copy_to_tensor_parallel,
     divide,
     gather_sequence,
     own_chunk,
@@ -68,6 +69,9 @@ PLANTED_BUGS.update({
     "ce-max-not-allreduced": "vocab-parallel loss: each rank shifts its logits by its own max",
     "ce-sum-not-allreduced": "vocab-parallel loss: the sum of exponentials is not all-reduced",
     "ce-loss-scaled-by-tp": "vocab-parallel loss: the mean is divided by the tensor-parallel size",
+    "ce-sum-grad-allreduced": "vocab-parallel loss: the all-reduce of the sum of exponentials "
+                              "also all-reduces its gradient (right forward, softmax gradient "
+                              "scaled by the tensor-parallel size)",
 })
 
 
@@ -183,6 +187,11 @@ class LocalSumLoss(VocabParallelCrossEntropy):
         return shifted.exp().sum(-1)  # planted: ce-sum-not-allreduced
 
 
+class SumGradientAllReducedLoss(VocabParallelCrossEntropy):
+    def sum_of_exp(self, shifted: torch.Tensor) -> torch.Tensor:
+        return all_reduce_sum(copy_to_tensor_parallel(shifted.exp().sum(-1)))  # planted: ce-sum-grad-allreduced
+
+
 class TensorParallelScaledLoss(VocabParallelCrossEntropy):
     def mean(self, losses: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return losses.sum() / (labels != -100).sum() / dist.get_world_size()  # planted: ce-loss-scaled-by-tp
@@ -206,6 +215,7 @@ PLANTED_PARTS: dict[str, dict[str, LlamaParts | GPT2Parts]] = {
     "ce-max-not-allreduced": {"llama": LlamaParts(loss=LocalMaxLoss)},
     "ce-sum-not-allreduced": {"llama": LlamaParts(loss=LocalSumLoss)},
     "ce-loss-scaled-by-tp": {"llama": LlamaParts(loss=TensorParallelScaledLoss)},
+    "ce-sum-grad-allreduced": {"llama": LlamaParts(loss=SumGradientAllReducedLoss)},
 }
 """For each bug, the parts that plant it, per model family it applies to."""
 

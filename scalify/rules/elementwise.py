@@ -45,6 +45,35 @@ def _shape_op_rules() -> list[Rule]:
     ]
 
 
+def _softmax_gradient_rules() -> list[Rule]:
+    """A log-softmax's input gradient, `grad - (e / X(s)) * X(-g)` with X a row broadcast, in
+    the form ranks compute it, `grad + X(g / s) * e`: negations move out of products,
+    quotients and row broadcasts, and a quotient by a row moves onto the row."""
+    def rows(gen, choice):
+        return {"a": tensor(gen, 3, 5), "e": tensor(gen, 3, 5), "x": tensor(gen, 3, 5),
+                "y": tensor(gen, 3, 5).abs() + 0.5, "g": tensor(gen, 3),
+                "s": tensor(gen, 3, 1).abs() + 0.5, "d": 1, "n": 5}
+
+    def negated(text: str) -> str:
+        return f'(unary "neg" {text})'
+
+    return [
+        Rule("negation-out-of-row", f"(expand (unsqueeze {negated('g')} d) d n)",
+             negated("(expand (unsqueeze g d) d n)"), rows),
+        Rule("negation-out-of-quotient", f'(binary "div" {negated("x")} y)',
+             negated('(binary "div" x y)'), rows),
+        Rule("negation-out-of-product-left", f'(binary "mul" {negated("x")} y)',
+             negated('(binary "mul" x y)'), rows),
+        Rule("negation-out-of-product-right", f'(binary "mul" x {negated("y")})',
+             negated('(binary "mul" x y)'), rows),
+        Rule("difference-of-negation", f'(binary "sub" a {negated("x")})', '(binary "add" a x)',
+             rows),
+        Rule("quotient-times-row",
+             '(binary "mul" (binary "div" e (expand s d n)) (expand (unsqueeze g d) d n))',
+             '(binary "mul" (expand (unsqueeze (binary "div" g (squeeze s d)) d) d n) e)', rows),
+    ]
+
+
 def rules() -> list[Rule]:
     return [
         Rule("unary-over-concat", "(unary f (concat a b d na nb))",
@@ -62,6 +91,7 @@ def rules() -> list[Rule]:
              "(concat (binary f (expand z d na) a) (binary f (expand z d nb) b) d na nb)",
              _broadcast_example, families={"f": BINARY_KEYS}),
         *_shape_op_rules(),
+        *_softmax_gradient_rules(),
         # Negated losses: -(a - b) = b - a, and negation keeps zero fills.
         Rule("negated-difference", '(unary "neg" (binary "sub" a b))', '(binary "sub" b a)',
              _psum_example),

@@ -114,8 +114,8 @@ def _row_wise() -> list[Rule]:
                                          for _ in range(WORLD))}),
         Rule("take-over-rcats", "(take (rcat x d s) (rcat t d s) k)", "(rcat (take x t k) d s)",
              rows, when=("(< d k)",)),
-        Rule("untake-over-rcats", "(untake (rcat g d s) (rcat t d s) v)",
-             "(rcat (untake g t v) d s)", rows),
+        Rule("untake-over-rcats", "(untake (rcat g d s) (rcat t d s) v k)",
+             "(rcat (untake g t v k) d s)", rows, when=("(< d k)",)),
     ]
 
 
@@ -237,6 +237,10 @@ def _movement() -> list[Rule]:
         # gather): the rewrite adds the tiling, which the rule above equates with `t`.
         Rule("own-block-tiles", "(rslice t d s)", "(rslice (rcat (rslice t d s) d s) d s)",
              gathered_block, when=("(inv t)",)),
+        # Each rank's block put at its place in zeros (the backward of taking the own block):
+        # summed over the ranks, the blocks side by side.
+        Rule("rank-blocks-in-zeros", "(rcat x d s)", "(rsum (rpad x d s))",
+             lambda gen, c: {"x": family(gen, 2, 3), "d": 1, "s": 3}, trigger="(rpad x d s)"),
         *(summed(op, attrs, shape, **example) for op, attrs, shape, example in MOVEMENT_OPS),
     ]
 
@@ -270,6 +274,15 @@ def _embedding() -> list[Rule]:
                 "m": _rank_mask(index, rows)}
 
     picked = '(masked_fill (take x (masked_fill (add_int_r t a b) m "0") k) m "0.0")'
+    picked_grad = '(untake (masked_fill g m "0.0") (masked_fill (add_int_r t a b) m "0") s k)'
+    own_classes = "(untake_rrange g t s k)"
+
+    def classes_grad(gen, choice):
+        rows = 4
+        index = torch.randint(0, rows * WORLD, (2, 5), generator=gen)
+        return {"g": tensor(gen, 2, 5), "t": index, "s": rows, "k": 2, "a": -rows, "b": 0,
+                "w": WORLD, "m": _rank_mask(index, rows)}
+
     return [
         # A vocab-parallel loss: each rank picks the target's logit among the classes it holds
         # (zero elsewhere); summed over ranks that is the pick from the whole class dim.
@@ -278,6 +291,15 @@ def _embedding() -> list[Rule]:
         Rule("masked-rank-take", picked, "(take_rrange x t s k)", classes,
              when=('(= m (binary "bitwise_or" (cmp_int_r "lt" t s 0) (cmp_int_r "ge" t s s)))',
                    "(= a (- 0 s))", "(= b 0)", "(= s (dimsize x k))")),
+        # Its gradient: each rank puts the tokens' gradients at the targets among its own
+        # classes (the backward of the masked pick); together they tile the whole class dim.
+        Rule("masked-rank-untake", picked_grad, own_classes, classes_grad,
+             when=('(= m (binary "bitwise_or" (cmp_int_r "lt" t s 0) (cmp_int_r "ge" t s s)))',
+                   "(= a (- 0 s))", "(= b 0)")),
+        Rule("rank-classes-tile", own_classes, f"(rslice (rcat {own_classes} k s) k s)",
+             classes_grad),
+        Rule("untake-over-rank-classes", f"(rcat {own_classes} k s)", "(untake g t (* s w) k)",
+             classes_grad, when=("(inv g)", "(inv t)", "(= w (world))")),
         Rule("embedding-over-rcat-ids", "(embedding w (rcat ids d s))",
              "(rcat (embedding w ids) d s)",
              lambda gen, c: {"w": tensor(gen, 5, 3), "d": 0, "s": 2,
@@ -315,10 +337,10 @@ _RANK_WISE = {
     "unary": "f x", "binary": "f x y", "where3": "x y z", "reduce": "f x d", "softmax": "f x d",
     "matmul": "x y d", "merge": "x d i", "split": "x d i", "unsqueeze": "x d", "squeeze": "x d",
     "transpose": "x d e", "expand": "x d n", "slice": "x d a b", "concat": "x y d a b",
-    "embedding": "x y", "embedding_grad": "x y d", "take": "x y d", "untake": "x y d", "masked_fill": "x y f", "pad": "x d a b f", "cmp_int": "f x d", "add_int": "x d",
+    "embedding": "x y", "embedding_grad": "x y d", "take": "x y d", "untake": "x y d e", "masked_fill": "x y f", "pad": "x d a b f", "cmp_int": "f x d", "add_int": "x d",
 }
 _TENSOR_ARGS = ("x", "y", "z")
-# Data movement that loses no element: an invariant result has invariant operands.
+# Data movement that loses no element (and negation): an invariant result has invariant operands.
 _INJECTIVE = {head: _RANK_WISE[head] for head in
               ("merge", "split", "unsqueeze", "squeeze", "transpose", "expand", "concat")}
 
@@ -331,6 +353,7 @@ def fact_rules() -> list[str]:
     sizes = [f"(rule ((= t (rcat x d s))) ((set (dimsize x d) s)) :ruleset {RULESET})"]
     injective = [f"(rule ((= t ({head} {args})) (inv t)) ({' '.join(f'(inv {a})' for a in args.split() if a in _TENSOR_ARGS)}) :ruleset {RULESET})"
                  for head, args in _INJECTIVE.items()]
+    injective.append(f'(rule ((= t (unary "neg" x)) (inv t)) ((inv x)) :ruleset {RULESET})')
     wise = []
     for head, args in _RANK_WISE.items():
         tensors = [a for a in args.split() if a in _TENSOR_ARGS]

@@ -54,11 +54,13 @@ DECLARATIONS = f"""
   (rsum T :cost 8)
   (rmax T :cost 5)
   (rslice T i64 i64 :cost 2)
+  (rpad T i64 i64 :cost {COMPUTE_COST})
   (embed_rrange T T i64 :cost {COMPUTE_COST})
   (embedding_grad T T i64 :cost {COMPUTE_COST})
   (take T T i64 :cost {COMPUTE_COST})
   (take_rrange T T i64 i64 :cost {COMPUTE_COST})
-  (untake T T i64 :cost {COMPUTE_COST})
+  (untake T T i64 i64 :cost {COMPUTE_COST})
+  (untake_rrange T T i64 i64 :cost {COMPUTE_COST})
   (embed_grad_rrange T T i64 :cost {COMPUTE_COST})
   (embed_grad_range T T i64 i64 :cost {COMPUTE_COST})
   (cmp_int_r String T i64 i64 :cost {COMPUTE_COST})
@@ -249,8 +251,14 @@ def _rank_slice(args: tuple, env: dict[str, Any], at: At) -> torch.Tensor:
     return value.narrow(dim, at.rank * size, size)
 
 
+def _rank_pad(args: tuple, env: dict[str, Any], at: At) -> torch.Tensor:
+    value, dim, size = (evaluate(a, env, at) for a in args)
+    before, after = at.rank * size, (at.world - 1 - at.rank) * size
+    return _run("pad", [value], {"dim": dim, "before": before, "after": after, "value": 0.0})
+
+
 _ACROSS_RANKS = {"rcat": _rank_concat, "rsum": _rank_reduce(torch.add),
-                 "rmax": _rank_reduce(torch.maximum), "rslice": _rank_slice}
+                 "rmax": _rank_reduce(torch.maximum), "rslice": _rank_slice, "rpad": _rank_pad}
 
 
 def _run(op: str, inputs: list[torch.Tensor], attrs: dict[str, Any]) -> torch.Tensor:
@@ -287,12 +295,21 @@ def _take_range(x: torch.Tensor, index: torch.Tensor, start: int) -> torch.Tenso
     return picked * inside.to(picked.dtype)
 
 
+def _untake_range(g: torch.Tensor, index: torch.Tensor, start: int, size: int) -> torch.Tensor:
+    """Classes [start, start + size) of `g` put at `index` (rows whose class lies elsewhere are
+    zero)."""
+    inside = (index >= start) & (index < start + size)
+    return _run("untake", [g * inside.to(g.dtype), torch.where(inside, index - start, 0)],
+                {"size": size})
+
+
 _AT_RANK = {  # constructors whose constants are affine in the rank: scale * rank + offset
     "cmp_int_r": lambda r, f, x, a, b: _run(f + "_scalar", [x], {"value": a * r + b}),
     "add_int_r": lambda r, x, a, b: x + (a * r + b),
     "embed_rrange": lambda r, w, ids, s: _embed_range(w, ids, r * s),
     "embed_grad_rrange": lambda r, g, ids, s: _embedding_grad_range(g, ids, r * s, s),
     "take_rrange": lambda r, x, index, s, k: _take_range(x, index, r * s),
+    "untake_rrange": lambda r, g, index, s, k: _untake_range(g, index, r * s, s),
 }
 
 _CONSTRUCTORS = {
@@ -324,7 +341,7 @@ _CONSTRUCTORS = {
     "embedding_grad": lambda g, ids, rows: _run("embedding_grad", [g, ids], {"rows": rows}),
     "embed_grad_range": _embedding_grad_range,
     "take": lambda x, index, k: _run("take", [x, index], {}),
-    "untake": lambda g, index, size: _run("untake", [g, index], {"size": size}),
+    "untake": lambda g, index, size, k: _run("untake", [g, index], {"size": size}),
     "masked_fill": lambda x, m, v: x.masked_fill(m, ast.literal_eval(v)),
     "pad": lambda x, d, a, b, v: _run("pad", [x], {"dim": d, "before": a, "after": b,
                                                      "value": ast.literal_eval(v)}),

@@ -33,6 +33,8 @@ def encode(node: Node, args: list[str], arg_shapes: list[tuple[int, ...]]) -> st
         return f'(cmp_int_r "{_INT_COMPARISONS[op]}" {args[0]} {value.scale} {value.offset})'
     if op == "slice" and isinstance(attrs["start"], RankAffine):
         return f"(rslice {args[0]} {attrs['dim']} {attrs['start'].scale})"
+    if op == "pad" and isinstance(attrs["before"], RankAffine):
+        return f"(rpad {args[0]} {attrs['dim']} {attrs['before'].scale})"
     integer = isinstance(attrs.get("value"), int)
     if op in _INT_COMPARISONS and integer:
         return f'(cmp_int "{_INT_COMPARISONS[op]}" {args[0]} {attrs["value"]})'
@@ -50,7 +52,7 @@ def encode(node: Node, args: list[str], arg_shapes: list[tuple[int, ...]]) -> st
     if op == "take":  # the class dim is the source's last
         return f"(take {args[0]} {args[1]} {len(arg_shapes[0]) - 1})"
     if op == "untake":
-        return f"(untake {args[0]} {args[1]} {attrs['size']})"
+        return f"(untake {args[0]} {args[1]} {attrs['size']} {len(arg_shapes[1])})"
     if op == "embedding_grad":
         return f"(embedding_grad {args[0]} {args[1]} {attrs['rows']})"
     if op in _PLAIN:

@@ -45,7 +45,7 @@ class VerifyOptions:
     max_window_nodes: int = 256
     backward_depth: int = 3
     iterations: int = 12  # plus 4 per rank: nested concats unfold one level per iteration
-    fused_ops: int = 3  # reference ops in a row the ranks may compute without holding them
+    fused_ops: int = 0  # reference ops in a row the ranks may compute without holding them
     context_parallel: bool = False  # ranks hold sequence chunks (rules/context.py)
     memo: bool = True  # prove identical windows once
     memo_store: str | None = None  # SQLite file shared by runs
@@ -109,10 +109,6 @@ class Verifier:
                 self.region_nodes.setdefault(self.region[name], []).append(dist.graph[name])
         self.segment_memo: dict[str, list] = {}
         self.ref_users = ref.users()
-        # Ranks that hold sequence chunks slice shared tables (rotary, mask) before each layer,
-        # and never hold the softmax of attention merged over key blocks: windows see those
-        # slices (`_with_dependencies`), and fused runs are allowed.
-        self.fused_ops = options.fused_ops if options.context_parallel else 0
         self.placements: dict[str, Placement] = {}
 
     # Entry point.
@@ -299,7 +295,7 @@ class Verifier:
                 result.deferred.pop(run.pending, None)
             return Relation(chosen, aliases, _inherited(inputs, set(leaves(parse(chosen)))))
         fused = max((r.fused for r in runs), default=0) + 1
-        if fused <= self.fused_ops:  # perhaps the ranks compute it fused with the next ops
+        if fused <= self.options.fused_ops:  # perhaps the ranks compute it fused with the next ops
             if not runs:
                 result.deferred[node.name] = self._discrepancy(node, inputs, term,
                                                                narrowest or window)
@@ -322,7 +318,7 @@ class Verifier:
         lines = [f"(let $y {encode(node, ref_args, shapes)})"]
         lines += [f"(union {term} {leaf(name)})" for r in inputs for term, name in r.facts()]
         if self.dist.symbolic:  # each relation equals the reference value on every rank
-            lines += [f"(inv {r.term})" for r in inputs]
+            lines += [f"(inv {term})" for r in inputs for term in _relational_parts(r.term)]
             lines.append(f"(set (world) {self.dist.world_size})")
         for name in defined:
             lines.append(f"(union {leaf(name)} {self._definition(name)})")
@@ -548,3 +544,16 @@ def _hint(node: Node, found: App) -> str:
                 "a local shard, or a wrong dim)")
     return ("no rank computes this value from its inputs' relations; compare the reference line "
             "with the distributed lines listed")
+
+
+def _relational_parts(text: str) -> list[str]:
+    """A relation term, or for a pending one (reference ops over relations) its maximal
+    relational subterms: the values the ranks hold."""
+    parts, stack = [], [parse(text)]
+    while stack:
+        term = stack.pop()
+        if is_relational(term):
+            parts.append(render(term))
+        else:
+            stack.extend(a for a in term.args if isinstance(a, App))
+    return parts

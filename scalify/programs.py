@@ -92,7 +92,8 @@ def _tensor_parallel(experiment: Experiment, hf_config, reference_step: Step,
         return Programs(reference_step, rank_model, inputs, placements, [logits],
                         shard_fn=shard_fn)
     if shard_fn is not None:
-        raise ConfigError("verify.backward is not supported with fused layouts or shard_fn yet")
+        raise ConfigError("verify.backward is not supported with fused layouts or shard_fn yet "
+                          "(the gradients of per-group interleaved layouts are not related yet)")
     step = training_step(rank_loss, names, finalize_grads)
     return Programs(reference_step, lambda rank: Step(rank_model(rank), step), inputs, placements,
                     [Replicate(), *(placements[name] for name in names)], grad=True,

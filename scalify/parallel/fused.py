@@ -5,6 +5,8 @@ of them) followed by the group's k and v heads; with fewer kv heads than ranks, 
 one kv head, replicated over the ranks that share it. gate_up_proj holds [gate_r; up_r].
 The reference (HF's LlamaForCausalLM) keeps q/k/v and gate/up separate, so these parameters
 relate to several reference parameters: `shard_fused_llama` states how (scalify/parallel/sharding.py).
+Both fused projections take their replicated input through Megatron's f, so in a training step
+the input's gradient (partial on each rank) is all-reduced.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from transformers import LlamaConfig
 from transformers.activations import ACT2FN
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, eager_attention_forward
 
-from scalify.parallel.layers import divide
+from scalify.parallel.layers import copy_to_tensor_parallel, divide
 from scalify.parallel.llama import LlamaParts
 
 
@@ -53,7 +55,8 @@ class FusedQKVLlamaAttention(nn.Module):
         attention_mask: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         input_shape = hidden_states.shape[:-1]
-        grouped = self.qkv_proj(hidden_states).view(*input_shape, self.groups, -1)
+        grouped = self.qkv_proj(copy_to_tensor_parallel(hidden_states))
+        grouped = grouped.view(*input_shape, self.groups, -1)
         query, key, value = grouped.split(
             [self.q_per_group * self.head_dim, self.head_dim, self.head_dim], dim=-1)
         query_states = query.reshape(*input_shape, -1, self.head_dim).transpose(1, 2)
@@ -81,7 +84,7 @@ class FusedGateUpLlamaMLP(nn.Module):
         self.act_fn = ACT2FN[config.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate, up = self.gate_up_proj(copy_to_tensor_parallel(x)).chunk(2, dim=-1)
         return self.down_proj(self.act_fn(gate) * up)
 
 

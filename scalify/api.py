@@ -95,8 +95,9 @@ def verify_graphs(ref_graph: Graph, rank_graphs: list[Graph], placements: dict[s
     symbolic, symmetry = None, "off"
     if options.rank_symmetry:
         symbolic, symmetry = (symbolic_program(rank_graphs) if even_placements(placements, world_size)
-                              else (None, "a placement repeats chunks across ranks or is Custom or "
-                                    "Stage (pipeline stages run different programs)"))
+                              else (None, "a placement repeats chunks across ranks, is Custom with "
+                                    "pieces other than even blocks, or is Stage (pipeline "
+                                    "stages run different programs)"))
     # The per-rank graph is needed to verify without symmetry and to run the numbers.
     dist = merge_ranks(rank_graphs) if symbolic is None or numeric else None
     timings["lowering_s"] = time.perf_counter() - start

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ShapeError
-from ..placements import Partial, Placement, Replicate, Shard, Stage
+from ..placements import Custom, Partial, Placement, Replicate, Shard, Stage
 from ..rules.terms import App, Term, leaves, parse
 
 Shape = tuple[int, ...]
@@ -142,7 +142,9 @@ def output_holders(placements: list[Placement], position: int, world: int) -> li
 def even_placements(placements: dict[str, Placement], world: int) -> bool:
     """Whether every placement is expressible over a rank family (no repeated chunks or pieces)."""
     return all(isinstance(p, (Replicate, Partial)) or isinstance(p, Shard)
-               and list(p.chunks(world)) == list(range(world)) for p in placements.values())
+               and list(p.chunks(world)) == list(range(world))
+               or isinstance(p, Custom) and p.even_blocks(world) is not None
+               for p in placements.values())
 
 
 def _expect_shapes(target: str, placement: Placement, got: list[Shape], want: list[Shape]) -> None:

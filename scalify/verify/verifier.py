@@ -21,7 +21,7 @@ from ..placements import Custom, Placement, Replicate, Stage
 from ..report.model import Discrepancy
 from ..rules.families import LINEAR_UNARY_OPS
 from ..rules.terms import App, is_relational, leaves, op_key, parse, render
-from .custom import custom_relation
+from .custom import custom_relation, family_custom_relation
 from .encode import encode
 from .relations import (Relation, describe, expected_output, family_relation,
                         from_placement, leaf, output_holders, stage_relation)
@@ -249,7 +249,11 @@ class Verifier:
     def _input_relation(self, node: Node, placements: dict[str, Placement]) -> Relation:
         target = node.attr("target")
         placement = placements.get(target, Replicate())
-        if isinstance(placement, Custom):  # never symbolic: even_placements rules it out
+        if isinstance(placement, Custom) and self.dist.symbolic:  # even blocks (relations.py)
+            local = f"r0/{placement.pieces[0].local}"
+            return family_custom_relation(placement, node.shape, self.dist.graph[local].shape,
+                                          self.dist.world_size)
+        if isinstance(placement, Custom):
             return custom_relation(target, placement, node.shape, lambda name: (
                 self.dist.graph[name].shape if name in self.dist.graph else None))
         if isinstance(placement, Stage):  # never symbolic: even_placements rules it out

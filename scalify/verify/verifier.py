@@ -50,6 +50,9 @@ class VerifyOptions:
     memo: bool = True  # prove identical windows once
     memo_store: str | None = None  # SQLite file shared by runs
     rank_symmetry: bool = True  # verify one symbolic program for all ranks when they allow it
+    # Try a one-hop window first for every op, not only for ops on replicated inputs (programs
+    # whose ranks keep the reference's op structure, e.g. one compiler's SPMD HLO).
+    narrow_first: bool = False
 
 
 @dataclass
@@ -280,8 +283,12 @@ class Verifier:
     def _infer(self, node: Node, relations: dict[str, Relation | None],
                result: Verification) -> Relation | None:
         inputs = [relations[i] for i in node.inputs]
+        twins = self._same_ops(node, inputs) if self.dist.symbolic else []
+        if twins:
+            return Relation(leaf(twins[0]), tuple((leaf(twins[0]), twin) for twin in twins[1:]))
         replicated = all(parse(r.term).head in ("dist", "const") for r in inputs)
-        depths = [1, self.options.window_depth] if replicated else [self.options.window_depth]
+        narrow = replicated or self.options.narrow_first
+        depths = [1, self.options.window_depth] if narrow else [self.options.window_depth]
         runs = [r for r in inputs if r.pending is not None]
         if runs:  # the ranks' fused computation ends further downstream
             depths = [2 * self.options.window_depth]
@@ -314,6 +321,30 @@ class Verifier:
         else:
             result.discrepancies.append(self._discrepancy(node, inputs, term, narrowest or window))
         return None
+
+    def _same_ops(self, node: Node, inputs: list[Relation]) -> list[str]:
+        """The distributed nodes applying `node`'s op, with its attributes, to rank tensors that
+        equal the inputs (each input a rank tensor, one of its replicas, or an equal constant):
+        they hold the same value, so no window is needed (congruence). Symbolic programs only,
+        where a leaf is every rank's."""
+        equal: list[set[str]] = []
+        for relation in inputs:
+            match = _LEAF_NAME.fullmatch(relation.term)
+            if relation.pending is not None:
+                return []
+            equal.append({match.group(1), *(n for t, n in relation.aliases if t == relation.term)}
+                         if match else set())
+        candidates = {user for names in equal for name in names for user in self.users[name]}
+        wanted = (node.op, node.attrs, node.shape, node.dtype)
+        return sorted((name for name in candidates
+                       if self._applies(self.dist.graph[name], wanted, equal, inputs)),
+                      key=self.dist.order.get)
+
+    def _applies(self, twin: Node, wanted: tuple, equal: list[set[str]],
+                 inputs: list[Relation]) -> bool:
+        return (twin.op, twin.attrs, twin.shape, twin.dtype) == wanted and all(
+            arg in names if names else self.dist_const.get(arg) == relation.term
+            for arg, names, relation in zip(twin.inputs, equal, inputs))
 
     def _program(self, node: Node, inputs: list[Relation], depth: int) -> tuple[str, list[str]]:
         leaves_in = {name for r in inputs for name in r.leaf_names()}

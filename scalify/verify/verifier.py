@@ -285,7 +285,8 @@ class Verifier:
         inputs = [relations[i] for i in node.inputs]
         twins = self._same_ops(node, inputs) if self.dist.symbolic else []
         if twins:
-            return Relation(leaf(twins[0]), tuple((leaf(twins[0]), twin) for twin in twins[1:]))
+            return Relation(leaf(twins[0]), tuple((leaf(twins[0]), twin) for twin in twins[1:]),
+                            _inherited(inputs, set(twins)))
         replicated = all(parse(r.term).head in ("dist", "const") for r in inputs)
         narrow = replicated or self.options.narrow_first
         depths = [1, self.options.window_depth] if narrow else [self.options.window_depth]

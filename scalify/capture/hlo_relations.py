@@ -3,10 +3,12 @@
 - Inputs are matched by position: parameters by parameter number, elided constants (inputs
   too, see capture/hlo.py) in order of appearance; matched inputs must have the same rank.
 - Equal shapes: Replicate. One dim N times larger in the reference: Shard(dim), unless the
-  programs cut that dim into blocks (a fused weight, e.g. [q | k | v] columns): when both
-  programs slice the product of the input along that dim into the same number of blocks, each
-  reference block N times a device's, the reference input is the concatenation, block by block,
-  of every device's block: a Custom placement with one Piece per block and device.
+  programs cut that dim into blocks (a fused weight, e.g. [q | k | v] columns): when the
+  reference slices the product of the input along that dim into blocks that tile it, each
+  divisible by N, and the devices slice their product along it too, each block is split N ways
+  and every device holds its share of each block, block by block: a Custom placement with one
+  Piece per block and device. The blocks come from the reference alone, so a device program
+  that slices its blocks wrongly is reported, not taken as its layout.
 """
 from __future__ import annotations
 
@@ -87,14 +89,18 @@ def _blocks(cuts: set[tuple[int, int]], size: int) -> list[tuple[int, int]]:
     return blocks if cuts and set(blocks) == cuts else []
 
 
-def _fused(name: str, local: str, dim: int, ref_blocks: list[tuple[int, int]],
-           rank_blocks: list[tuple[int, int]], world: int) -> Custom | None:
-    if len(ref_blocks) < 2 or len(ref_blocks) != len(rank_blocks) or any(
-            (re - rs) != world * (le - ls) for (rs, re), (ls, le) in zip(ref_blocks, rank_blocks)):
+def _fused(name: str, dim: int, ref_blocks: list[tuple[int, int]], world: int) -> Custom | None:
+    """Every block split `world` ways, the ranks' shares of each block laid out block by block
+    in each rank's tensor; None unless there are several blocks that split evenly."""
+    if len(ref_blocks) < 2 or any((end - start) % world for start, end in ref_blocks):
         return None
-    pieces = tuple(Piece(rank, local, ls, rs + rank * (le - ls), le - ls)
-                   for (rs, _), (ls, le) in zip(ref_blocks, rank_blocks) for rank in range(world))
-    return Custom(dim, pieces, declared_at=f"inferred for {name} from the slices of its product")
+    pieces, local = [], 0
+    for start, end in ref_blocks:
+        size = (end - start) // world
+        pieces += [Piece(rank, name, local, start + rank * size, size) for rank in range(world)]
+        local += size
+    return Custom(dim, tuple(pieces), declared_at=f"inferred for {name} from the slices of its "
+                                                  "product in both programs")
 
 
 def infer_placement(reference: Graph, rank: Graph, name: str, world: int) -> Placement:
@@ -110,8 +116,8 @@ def infer_placement(reference: Graph, rank: Graph, name: str, world: int) -> Pla
                          f"{list(local_shape)} are neither equal nor one dim split {world} ways")
     dim = differ[0]
     ref_blocks = _blocks(_follow(reference, reference.users(), name, dim), ref_shape[dim])
-    rank_blocks = _blocks(_follow(rank, rank.users(), name, dim), local_shape[dim])
-    return _fused(name, name, dim, ref_blocks, rank_blocks, world) or Shard(dim, declared_at=where)
+    fused = _fused(name, dim, ref_blocks, world) if _follow(rank, rank.users(), name, dim) else None
+    return fused or Shard(dim, declared_at=where)
 
 
 def infer_placements(reference: Graph, rank: Graph, world: int) -> dict[str, Placement]:

@@ -486,7 +486,12 @@ class Verifier:
                         f"does not sum into this {node.op}'s input")
         else:
             same_op = [n for n in lowest if self.dist.graph[n].op == node.op]
-            chosen = (same_op or lowest or [None])[0]
+            lines = {(loc.file, loc.line) for loc in [node.source, *(self.ref[i].source
+                                                                    for i in node.inputs)]
+                     if loc.file}  # the rank's run of this op's or its inputs' source lines
+            same_line = [n for n in lowest if (self.dist.graph[n].source.file,
+                                               self.dist.graph[n].source.line) in lines]
+            chosen = (same_op or same_line or lowest or [None])[0]
             primary = self.dist.graph[chosen].source if chosen else SourceLoc()
             hint = _hint(node, found) + _layout_hint(self._sharded_inputs(node))
         nearby = sent + list(dict.fromkeys(self.dist.graph[n].source for n in lowest))[:10]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import re
+from functools import lru_cache
 
 from ..ir.graph import SourceLoc
 from .hlo_text import StackTables
@@ -35,6 +36,7 @@ def _split_frame(frame: str) -> tuple[str, int]:
     return (path, int(line)) if line.isdigit() else (frame, 0)
 
 
+@lru_cache(maxsize=None)  # one Python stack serves many instructions and devices
 def _from_stack_list(file_field: str, line: int) -> SourceLoc:
     head, _, listed = file_field.partition(_STACK_SEPARATOR)
     try:

@@ -74,49 +74,36 @@ class HloModule:
         return self.computations[self.entry]
 
 
-def split_top_level(text: str, separator: str = ",") -> list[str]:
-    """`text` cut at `separator`s outside brackets, braces, parentheses and quotes."""
-    parts, depth, quoted, start, i = [], 0, False, 0, 0
-    while i < len(text):
-        char = text[i]
-        if quoted:
-            if char == "\\":
-                i += 1
-            elif char == '"':
-                quoted = False
-        elif char == '"':
-            quoted = True
-        elif char in "([{":
+_SIGNIFICANT = re.compile(r'"(?:[^"\\]|\\.)*"|[()\[\]{}]|,')  # quoted strings, brackets, commas
+
+
+def split_top_level(text: str) -> list[str]:
+    """`text` cut at commas outside brackets, braces, parentheses and quotes."""
+    parts, depth, start = [], 0, 0
+    for match in _SIGNIFICANT.finditer(text):
+        token = match.group(0)
+        if token in "([{":
             depth += 1
-        elif char in ")]}":
+        elif token in ")]}":
             depth -= 1
-        elif char == separator and depth == 0:
-            parts.append(text[start:i].strip())
-            start = i + 1
-        i += 1
+        elif token == "," and depth == 0:
+            parts.append(text[start:match.start()].strip())
+            start = match.end()
     tail = text[start:].strip()
     return parts + [tail] if tail else parts
 
 
 def _closing(text: str, start: int) -> int:
     """The index of the bracket closing the one at `start` (quotes respected)."""
-    depth, quoted, i = 0, False, start
-    while i < len(text):
-        char = text[i]
-        if quoted:
-            if char == "\\":
-                i += 1
-            elif char == '"':
-                quoted = False
-        elif char == '"':
-            quoted = True
-        elif char in "([{":
+    depth = 0
+    for match in _SIGNIFICANT.finditer(text, start):
+        token = match.group(0)
+        if token in "([{":
             depth += 1
-        elif char in ")]}":
+        elif token in ")]}":
             depth -= 1
             if depth == 0:
-                return i
-        i += 1
+                return match.start()
     raise ValueError(f"unbalanced brackets in {text[start:start + 60]!r}")
 
 

@@ -25,6 +25,7 @@ FRAMEWORK_FRAMES = ("/torch_neuronx/", "/pyhlo/", "transformers_neuronx/hlo.py",
                     "transformers_neuronx/global_debugger.py")
 
 
+@lru_cache(maxsize=None)  # every device's lowering reads the same metadata
 def parse_metadata(text: str) -> dict[str, str]:
     """The fields of a `{key=value ...}` metadata attribute, quotes removed (escapes kept)."""
     return {key: value[1:-1] if value.startswith('"') else value

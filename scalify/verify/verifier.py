@@ -21,6 +21,7 @@ from ..placements import Custom, Placement, Replicate, Stage
 from ..report.model import Discrepancy
 from ..rules.families import LINEAR_UNARY_OPS
 from ..rules.terms import App, is_relational, leaves, op_key, parse, render
+from .congruence import rank_concat_relation, replicated_twins
 from .custom import custom_relation, family_custom_relation
 from .encode import encode
 from .relations import (Relation, describe, expected_output, family_relation,
@@ -283,10 +284,9 @@ class Verifier:
     def _infer(self, node: Node, relations: dict[str, Relation | None],
                result: Verification) -> Relation | None:
         inputs = [relations[i] for i in node.inputs]
-        twins = self._same_ops(node, inputs) if self.dist.symbolic else []
-        if twins:
-            return Relation(leaf(twins[0]), tuple((leaf(twins[0]), twin) for twin in twins[1:]),
-                            _inherited(inputs, set(twins)))
+        congruent = self._congruent(node, inputs) if self.dist.symbolic else None
+        if congruent is not None:
+            return congruent
         replicated = all(parse(r.term).head in ("dist", "const") for r in inputs)
         narrow = replicated or self.options.narrow_first
         depths = [1, self.options.window_depth] if narrow else [self.options.window_depth]
@@ -323,29 +323,20 @@ class Verifier:
             result.discrepancies.append(self._discrepancy(node, inputs, term, narrowest or window))
         return None
 
-    def _same_ops(self, node: Node, inputs: list[Relation]) -> list[str]:
-        """The distributed nodes applying `node`'s op, with its attributes, to rank tensors that
-        equal the inputs (each input a rank tensor, one of its replicas, or an equal constant):
-        they hold the same value, so no window is needed (congruence). Symbolic programs only,
-        where a leaf is every rank's."""
-        equal: list[set[str]] = []
-        for relation in inputs:
-            match = _LEAF_NAME.fullmatch(relation.term)
-            if relation.pending is not None:
-                return []
-            equal.append({match.group(1), *(n for t, n in relation.aliases if t == relation.term)}
-                         if match else set())
-        candidates = {user for names in equal for name in names for user in self.users[name]}
-        wanted = (node.op, node.attrs, node.shape, node.dtype)
-        return sorted((name for name in candidates
-                       if self._applies(self.dist.graph[name], wanted, equal, inputs)),
-                      key=self.dist.order.get)
-
-    def _applies(self, twin: Node, wanted: tuple, equal: list[set[str]],
-                 inputs: list[Relation]) -> bool:
-        return (twin.op, twin.attrs, twin.shape, twin.dtype) == wanted and all(
-            arg in names if names else self.dist_const.get(arg) == relation.term
-            for arg, names, relation in zip(twin.inputs, equal, inputs))
+    def _congruent(self, node: Node, inputs: list[Relation]) -> Relation | None:
+        """The relation a rank node applying the same op gives, without a window (congruence.py)."""
+        twins = replicated_twins(node, inputs, self.dist.graph, self.users, self.dist_const,
+                                 self.dist.order)
+        if twins:
+            return Relation(leaf(twins[0]), tuple((leaf(twins[0]), twin) for twin in twins[1:]),
+                            _inherited(inputs, set(twins)))
+        if any(r.pending is not None for r in inputs):
+            return None
+        term = rank_concat_relation(node, [r.term for r in inputs], self.dist.graph, self.users,
+                                    self.dist.order)
+        if term is None:
+            return None
+        return Relation(term, (), _inherited(inputs, set(leaves(parse(term)))))
 
     def _program(self, node: Node, inputs: list[Relation], depth: int) -> tuple[str, list[str]]:
         leaves_in = {name for r in inputs for name in r.leaf_names()}

@@ -1,0 +1,146 @@
+"""Relations found without an e-graph window, by congruence over a symbolic (rank-family) program.
+
+When a rank node applies the reference op, with the same attributes, to the rank tensors the
+inputs' relations name, it holds the reference value (inputs replicated), or every rank's
+share of it along the same dim (inputs `(rcat x d s)`, for ops that act on each share alone:
+elementwise ops, data movement and reductions off the split dim, matrix products over
+uncontracted dims), or a rank's part of its sum (inputs `(rsum x)`, for data movement, which is
+linear). Anything else is left to the windows.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ir.graph import Graph, Node
+from ..ir.ops import BINARY, MATMUL, MOVEMENT, OPS, REDUCE, SOFTMAX, UNARY, WHERE
+from ..rules.terms import App, parse
+from .relations import Relation
+
+
+@dataclass(frozen=True)
+class Part:
+    """An input's relation as a rank tensor `name`: the value itself ("dist"), every rank's
+    share along `dim` of size `size` ("rcat"), or a rank's summand ("rsum")."""
+
+    kind: str
+    name: str
+    dim: int = -1
+    size: int = 0
+
+
+def part_of(term: str) -> Part | None:
+    app = parse(term)
+    if not isinstance(app, App):
+        return None
+    if app.head == "dist":
+        return Part("dist", str(app.args[0]).strip('"'))
+    inner = app.args[0] if app.args else None
+    if not (isinstance(inner, App) and inner.head == "dist"):
+        return None
+    name = str(inner.args[0]).strip('"')
+    if app.head == "rcat":
+        return Part("rcat", name, int(str(app.args[1])), int(str(app.args[2])))
+    return Part("rsum", name) if app.head == "rsum" else None
+
+
+def _moved(node: Node, dim: int, size: int) -> tuple[int, int] | None:
+    """Where a one-input movement op puts the split dim `dim` (shares of `size`), if it acts on
+    each share alone."""
+    op, a = node.op, dict(node.attrs)
+    if op in ("slice", "expand", "pad"):
+        return (dim, size) if a["dim"] != dim else None
+    if op == "transpose":
+        return ({a["dim0"]: a["dim1"], a["dim1"]: a["dim0"]}.get(dim, dim), size)
+    if op == "unsqueeze":
+        return (dim + (a["dim"] <= dim), size)
+    if op == "squeeze":
+        return (dim - (a["dim"] < dim), size) if a["dim"] != dim else None
+    if op == "split":
+        if a["dim"] == dim:
+            return (dim, size // a["inner"]) if size % a["inner"] == 0 else None
+        return (dim + (a["dim"] < dim), size)
+    if op == "merge":
+        if a["dim"] == dim:
+            return (dim, size * a["inner"])
+        return (dim - (a["dim"] + 1 < dim), size) if a["dim"] + 1 != dim else None
+    return None
+
+
+def _split_dim(node: Node, parts: list[Part]) -> tuple[int, int] | None:
+    """The output's split dim and share size when every operand is split alike and the op
+    acts on each share alone; None otherwise."""
+    trait = OPS[node.op].trait
+    split = {(p.dim, p.size) for p in parts if p.kind == "rcat"}
+    if len(split) != 1:
+        return None
+    dim, size = split.pop()
+    if trait in (UNARY, BINARY, WHERE) or node.op == "concat":
+        if any(p.kind != "rcat" for p in parts) or node.attr("dim", -1) == dim:
+            return None
+        return dim, size
+    if trait in (REDUCE, SOFTMAX):
+        return (dim, size) if node.attr("dim") != dim else None
+    if trait == MOVEMENT and len(parts) == 1:
+        return _moved(node, dim, size)
+    if trait == MATMUL:
+        rank = len(node.shape)
+        left, right = parts
+        if left.kind == "rcat" and right.kind == "rcat":
+            return (dim, size) if dim < rank - 2 else None
+        if left.kind == "rcat" and right.kind == "dist" and dim == rank - 2:
+            return dim, size
+        if left.kind == "dist" and right.kind == "rcat" and dim == rank - 1:
+            return dim, size
+    return None
+
+
+def _twins(node: Node, names: list[set[str]], shape: tuple[int, ...], dist: Graph,
+           users: dict[str, list[str]], order: dict) -> list[str]:
+    """Rank nodes applying `node`'s op and attributes to the given rank tensors, of `shape`."""
+    candidates = {user for options in names for name in options for user in users[name]}
+    wanted = (node.op, node.attrs, shape, node.dtype)
+    found = [c for c in candidates
+             if (dist[c].op, dist[c].attrs, dist[c].shape, dist[c].dtype) == wanted
+             and len(dist[c].inputs) == len(names)
+             and all(arg in options for arg, options in zip(dist[c].inputs, names))]
+    return sorted(found, key=order.get)
+
+
+def replicated_twins(node: Node, inputs: list[Relation], dist: Graph, users: dict[str, list[str]],
+                     constants: dict[str, str], order: dict) -> list[str]:
+    """Rank nodes applying `node`'s op to rank tensors equal to the inputs (each input a rank
+    tensor, one of its replicas, or a constant equal to the reference's)."""
+    equal: list[set[str]] = []
+    for relation in inputs:
+        part = part_of(relation.term)
+        if relation.pending is not None or part is not None and part.kind != "dist":
+            return []
+        equal.append({part.name, *(n for t, n in relation.aliases if t == relation.term)}
+                     if part else set())
+    if not any(equal):
+        return []
+    for options, relation in zip(equal, inputs):
+        if not options:  # a constant: the rank nodes whose constant term is the same
+            options.update(n for n, term in constants.items() if term == relation.term)
+    return _twins(node, equal, node.shape, dist, users, order)
+
+
+def rank_concat_relation(node: Node, terms: list[str], dist: Graph, users: dict[str, list[str]],
+                         order: dict) -> str | None:
+    """`(rcat twin d s)` or `(rsum twin)` for a rank node computing every rank's share or
+    summand of `node`'s value, or None."""
+    parts = [part_of(term) for term in terms]
+    if not parts or any(p is None for p in parts):
+        return None
+    if all(p.kind == "rsum" for p in parts):  # movement is linear: a summand moves alone
+        if len(parts) != 1 or OPS[node.op].trait != MOVEMENT:
+            return None
+        twins = _twins(node, [{parts[0].name}], node.shape, dist, users, order)
+        return f'(rsum (dist "{twins[0]}"))' if twins else None
+    split = _split_dim(node, parts)
+    if split is None:
+        return None
+    dim, size = split
+    shape = node.shape[:dim] + (size,) + node.shape[dim + 1:]
+    twins = _twins(node, [{p.name} for p in parts], shape, dist, users, order)
+    return f'(rcat (dist "{twins[0]}") {dim} {size})' if twins else None

@@ -5,7 +5,7 @@ inputs' relations name, it holds the reference value (inputs replicated), or eve
 share of it along the same dim (inputs `(rcat x d s)`, for ops that act on each share alone:
 elementwise ops, data movement and reductions off the split dim, matrix products over
 uncontracted dims), or a rank's part of its sum (inputs `(rsum x)`, for data movement, which is
-linear). Anything else is left to the windows.
+linear, padding with zeros included). Anything else is left to the windows.
 """
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from .relations import Relation
 @dataclass(frozen=True)
 class Part:
     """An input's relation as a rank tensor `name`: the value itself ("dist"), every rank's
-    share along `dim` of size `size` ("rcat"), or a rank's summand ("rsum")."""
+    share along `dim` of size `size` ("rcat"), a rank's summand ("rsum"), or the value
+    broadcast along `dim` to `size` ("bcast")."""
 
     kind: str
     name: str
@@ -38,6 +39,8 @@ def part_of(term: str) -> Part | None:
     if not (isinstance(inner, App) and inner.head == "dist"):
         return None
     name = str(inner.args[0]).strip('"')
+    if app.head == "expand":
+        return Part("bcast", name, int(str(app.args[1])), int(str(app.args[2])))
     if app.head == "rcat":
         return Part("rcat", name, int(str(app.args[1])), int(str(app.args[2])))
     return Part("rsum", name) if app.head == "rsum" else None
@@ -74,10 +77,13 @@ def _split_dim(node: Node, parts: list[Part]) -> tuple[int, int] | None:
     if len(split) != 1:
         return None
     dim, size = split.pop()
-    if trait in (UNARY, BINARY, WHERE) or node.op == "concat":
-        if any(p.kind != "rcat" for p in parts) or node.attr("dim", -1) == dim:
+    if trait in (UNARY, BINARY, WHERE):  # broadcasts along the split dim shrink to a share
+        if any(p.kind != "rcat" and (p.kind, p.dim) != ("bcast", dim) for p in parts):
             return None
         return dim, size
+    if node.op == "concat":
+        return (dim, size) if all(p.kind == "rcat" for p in parts) and node.attr("dim") != dim \
+            else None
     if trait in (REDUCE, SOFTMAX):
         return (dim, size) if node.attr("dim") != dim else None
     if trait == MOVEMENT and len(parts) == 1:
@@ -125,15 +131,25 @@ def replicated_twins(node: Node, inputs: list[Relation], dist: Graph, users: dic
     return _twins(node, equal, node.shape, dist, users, order)
 
 
+def _unfolded(part: Part, dist: Graph) -> Part:
+    """A whole rank tensor that is itself a broadcast, as that broadcast."""
+    node = dist[part.name]
+    if part.kind != "dist" or node.op != "expand":
+        return part
+    return Part("bcast", node.inputs[0], node.attr("dim"), node.attr("size"))
+
+
 def rank_concat_relation(node: Node, terms: list[str], dist: Graph, users: dict[str, list[str]],
-                         order: dict) -> str | None:
+                         order: dict, replicas: dict[str, set[str]]) -> str | None:
     """`(rcat twin d s)` or `(rsum twin)` for a rank node computing every rank's share or
-    summand of `node`'s value, or None."""
+    summand of `node`'s value, or None. `replicas` holds the rank tensors known equal to each."""
     parts = [part_of(term) for term in terms]
     if not parts or any(p is None for p in parts):
         return None
+    if any(p.kind == "rcat" for p in parts):
+        parts = [_unfolded(p, dist) for p in parts]
     if all(p.kind == "rsum" for p in parts):  # movement is linear: a summand moves alone
-        if len(parts) != 1 or OPS[node.op].trait != MOVEMENT:
+        if len(parts) != 1 or OPS[node.op].trait != MOVEMENT or node.attr("value", 0) != 0:
             return None
         twins = _twins(node, [{parts[0].name}], node.shape, dist, users, order)
         return f'(rsum (dist "{twins[0]}"))' if twins else None
@@ -142,5 +158,26 @@ def rank_concat_relation(node: Node, terms: list[str], dist: Graph, users: dict[
         return None
     dim, size = split
     shape = node.shape[:dim] + (size,) + node.shape[dim + 1:]
-    twins = _twins(node, [{p.name} for p in parts], shape, dist, users, order)
+    options = [{p.name} if p.kind == "rcat" else
+               _broadcasts({p.name, *replicas.get(p.name, ())}, dim, size, dist, users)
+               for p in parts]
+    twins = _twins(node, options, shape, dist, users, order)
     return f'(rcat (dist "{twins[0]}") {dim} {size})' if twins else None
+
+
+def _broadcasts(names: set[str], dim: int, size: int, dist: Graph,
+                users: dict[str, list[str]]) -> set[str]:
+    """Rank nodes broadcasting any of `names` along `dim` to `size`."""
+    return {u for name in names for u in users[name] if dist[u].op == "expand"
+            and (dist[u].attr("dim"), dist[u].attr("size")) == (dim, size)}
+
+
+def broadcast_term(node: Node, terms: list[str]) -> str | None:
+    """`(expand x d n)` / `(unsqueeze x d)` of a rank tensor x that holds the whole input: a
+    relation by itself (the ranks may broadcast it to other sizes)."""
+    part = part_of(terms[0]) if len(terms) == 1 else None
+    if part is None or part.kind != "dist" or node.op not in ("expand", "unsqueeze"):
+        return None
+    if node.op == "unsqueeze":
+        return f"(unsqueeze {terms[0]} {node.attr('dim')})"
+    return f"(expand {terms[0]} {node.attr('dim')} {node.attr('size')})"

@@ -21,7 +21,7 @@ from ..placements import Custom, Placement, Replicate, Stage
 from ..report.model import Discrepancy
 from ..rules.families import LINEAR_UNARY_OPS
 from ..rules.terms import App, is_relational, leaves, op_key, parse, render
-from .congruence import rank_concat_relation, replicated_twins
+from .congruence import broadcast_term, rank_concat_relation, replicated_twins
 from .custom import custom_relation, family_custom_relation
 from .encode import encode
 from .relations import (Relation, describe, expected_output, family_relation,
@@ -332,8 +332,13 @@ class Verifier:
                             _inherited(inputs, set(twins)))
         if any(r.pending is not None for r in inputs):
             return None
-        term = rank_concat_relation(node, [r.term for r in inputs], self.dist.graph, self.users,
-                                    self.dist.order)
+        terms, replicas = [r.term for r in inputs], {}
+        for term, name in (fact for r in inputs for fact in r.facts()):
+            match = _LEAF_NAME.fullmatch(term)
+            if match:
+                replicas.setdefault(match.group(1), set()).add(name)
+        term = (rank_concat_relation(node, terms, self.dist.graph, self.users, self.dist.order,
+                                     replicas) or broadcast_term(node, terms))
         if term is None:
             return None
         return Relation(term, (), _inherited(inputs, set(leaves(parse(term)))))

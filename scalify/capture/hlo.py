@@ -456,9 +456,13 @@ def _lower_instruction(lo: Lowering, ins: Instruction, values: dict[str, Value])
     lo.b.source = replace(source_of(ins.attrs.get("metadata", ""), lo.module.stack),
                           code=f"HLO line {ins.line}: {ins.text.split(', metadata=')[0]}")
     try:
-        return fn(lo, ins, [values[o] for o in ins.operands])
+        value = fn(lo, ins, [values[o] for o in ins.operands])
     except (ValueError, KeyError, IndexError) as error:
         raise _fail(ins, f"cannot lower ({error})") from None
+    if isinstance(value, Ref) and value.shape != ins.shape.dims:
+        raise _fail(ins, f"the lowering gives shape {list(value.shape)}, the instruction declares "
+                         f"{list(ins.shape.dims)}")
+    return value
 
 
 def lower_computation(lo: Lowering, computation: Computation) -> Graph:

@@ -197,3 +197,14 @@ ENTRY %main (x: f32[8]) -> f32[8] {
 """
     with pytest.raises(CaptureError, match="custom-call target 'MyKernel'"):
         read_hlo(text)
+
+
+def test_a_declared_shape_the_op_does_not_give_is_an_error():
+    text = """HloModule wrong
+ENTRY %main (x: f32[2,3]) -> f32[2,3] {
+  %x = f32[2,3]{1,0} parameter(0)
+  ROOT %t = f32[2,3]{1,0} transpose(%x), dimensions={1,0}
+}
+"""
+    with pytest.raises(CaptureError, match=r"gives shape \[3, 2\], the instruction declares \[2, 3\]"):
+        read_hlo(text)

@@ -125,19 +125,35 @@ def test_kv_cache_outputs_verify_as_head_shards_when_inferred():
     assert report.verdict == "verified", [(d.ref_source.code, d.hint) for d in report.discrepancies]
 
 
+def _planted(tmp_path: Path, correct: str, wrong: str) -> Path:
+    text = _paths(2, 1)[1].read_text()
+    assert text.count(correct) == 1
+    planted = tmp_path / "graph.0.hlo"
+    planted.write_text(text.replace(correct, wrong))
+    return planted
+
+
 def test_planted_slice_of_the_fused_qkv_output_is_reported_at_its_instruction(tmp_path):
     """Rank k heads sliced from the v columns of the fused QKV product: the discrepancy names
     the edited HLO instruction and the Python line it records."""
-    ref_path, dist_path = _paths(2, 1)
-    text = dist_path.read_text()
-    correct = "slice(%dot.52), slice={[0:256], [1024:1280]}"
-    assert text.count(correct) == 1
-    planted = tmp_path / "graph.0.hlo"
-    planted.write_text(text.replace(correct, "slice(%dot.52), slice={[0:256], [1280:1536]}"))
-    report = verify_hlo(ref_path, planted, 2, _expected_outputs(2, 1))
+    planted = _planted(tmp_path, "slice(%dot.52), slice={[0:256], [1024:1280]}",
+                       "slice(%dot.52), slice={[0:256], [1280:1536]}")
+    report = verify_hlo(_paths(2, 1)[0], planted, 2, _expected_outputs(2, 1))
     assert report.verdict == "discrepancy"
     first = report.discrepancies[0]
     assert "%slice.54 = f16[256,256]{1,0} slice(%dot.52), slice={[0:256], [1280:1536]}" \
         in first.dist_source.code
     assert first.dist_source.file.endswith("transformers_neuronx/layers/attention.py")
     assert first.dist_source.line == 126
+
+
+def test_planted_sign_flip_in_the_rotary_embedding_is_reported(tmp_path):
+    """q * cos - k * sin written as k * sin - q * cos on the ranks: no rank computes the
+    reference's difference."""
+    planted = _planted(tmp_path, "subtract(%multiply.65, %multiply.66)",
+                       "subtract(%multiply.66, %multiply.65)")
+    report = verify_hlo(_paths(2, 1)[0], planted, 2, _expected_outputs(2, 1))
+    assert report.verdict == "discrepancy"
+    first = report.discrepancies[0]
+    assert "%subtract.67" in first.ref_source.code and "%subtract.67" in first.dist_source.code
+    assert first.dist_source.file.endswith("transformers_neuronx/layers/rotary.py")

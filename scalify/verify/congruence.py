@@ -4,8 +4,9 @@ When a rank node applies the reference op, with the same attributes, to the rank
 inputs' relations name, it holds the reference value (inputs replicated), or every rank's
 share of it along the same dim (inputs `(rcat x d s)`, for ops that act on each share alone:
 elementwise ops, data movement and reductions off the split dim, matrix products over
-uncontracted dims), or a rank's part of its sum (inputs `(rsum x)`, for data movement, which is
-linear, padding with zeros included). Anything else is left to the windows.
+uncontracted dims), or a rank's summand of it (a matrix product contracting the split dim; data
+movement of `(rsum x)`, which is linear, padding with zeros included). An all-reduce of `x`
+holds `(rsum x)` whole. Anything else is left to the windows.
 """
 from __future__ import annotations
 
@@ -13,15 +14,15 @@ from dataclasses import dataclass
 
 from ..ir.graph import Graph, Node
 from ..ir.ops import BINARY, MATMUL, MOVEMENT, OPS, REDUCE, SOFTMAX, UNARY, WHERE
-from ..rules.terms import App, parse
+from ..rules.terms import App, Term, parse
 from .relations import Relation
 
 
 @dataclass(frozen=True)
 class Part:
     """An input's relation as a rank tensor `name`: the value itself ("dist"), every rank's
-    share along `dim` of size `size` ("rcat"), a rank's summand ("rsum"), or the value
-    broadcast along `dim` to `size` ("bcast")."""
+    share along `dim` of size `size` ("rcat"), a rank's summand ("rsum"), the value
+    broadcast along `dim` to `size` ("bcast"), or a broadcast constant (`name` is its term)."""
 
     kind: str
     name: str
@@ -33,6 +34,8 @@ def part_of(term: str) -> Part | None:
     app = parse(term)
     if not isinstance(app, App):
         return None
+    if app.head == "expand" and '(dist "' not in term:  # a broadcast constant
+        return Part("const", term)
     if app.head == "dist":
         return Part("dist", str(app.args[0]).strip('"'))
     inner = app.args[0] if app.args else None
@@ -78,7 +81,8 @@ def _split_dim(node: Node, parts: list[Part]) -> tuple[int, int] | None:
         return None
     dim, size = split.pop()
     if trait in (UNARY, BINARY, WHERE):  # broadcasts along the split dim shrink to a share
-        if any(p.kind != "rcat" and (p.kind, p.dim) != ("bcast", dim) for p in parts):
+        if any(p.kind not in ("rcat", "const") and (p.kind, p.dim) != ("bcast", dim)
+               for p in parts):
             return None
         return dim, size
     if node.op == "concat":
@@ -100,6 +104,14 @@ def _split_dim(node: Node, parts: list[Part]) -> tuple[int, int] | None:
     return None
 
 
+def _contracts_split_dim(node: Node, parts: list[Part]) -> bool:
+    """A matrix product of operands split alike along the dim it contracts."""
+    if node.op != "matmul" or any(p.kind != "rcat" for p in parts):
+        return False
+    rank, (left, right) = len(node.shape), parts
+    return (left.dim, right.dim, left.size) == (rank - 1, rank - 2, right.size)
+
+
 def _twins(node: Node, names: list[set[str]], shape: tuple[int, ...], dist: Graph,
            users: dict[str, list[str]], order: dict) -> list[str]:
     """Rank nodes applying `node`'s op and attributes to the given rank tensors, of `shape`."""
@@ -113,36 +125,66 @@ def _twins(node: Node, names: list[set[str]], shape: tuple[int, ...], dist: Grap
 
 
 def replicated_twins(node: Node, inputs: list[Relation], dist: Graph, users: dict[str, list[str]],
-                     constants: dict[str, str], order: dict) -> list[str]:
+                     constants: dict[str, set[str]], order: dict) -> list[str]:
     """Rank nodes applying `node`'s op to rank tensors equal to the inputs (each input a rank
-    tensor, one of its replicas, or a constant equal to the reference's)."""
+    tensor, one of its replicas, or a constant equal to the reference's); `constants` holds the
+    rank nodes of each constant term."""
     equal: list[set[str]] = []
     for relation in inputs:
         part = part_of(relation.term)
-        if relation.pending is not None or part is not None and part.kind != "dist":
+        if relation.pending is not None or part is not None and part.kind not in ("dist", "const",
+                                                                                   "rsum"):
             return []
-        equal.append({part.name, *(n for t, n in relation.aliases if t == relation.term)}
-                     if part else set())
-    if not any(equal):
+        if part is not None and part.kind == "dist":
+            equal.append({part.name, *(n for t, n in relation.aliases if t == relation.term)})
+        elif part is not None and part.kind == "rsum":  # the all-reduces of that summand
+            equal.append({u for u in users[part.name] if dist[u].op == "all_reduce"
+                          and dist[u].attr("reduce") == "sum" and dist[u].attr("family")})
+        else:
+            equal.append(set(constants.get(relation.term, ())))
+    if not any(equal) or not all(equal):
         return []
-    for options, relation in zip(equal, inputs):
-        if not options:  # a constant: the rank nodes whose constant term is the same
-            options.update(n for n, term in constants.items() if term == relation.term)
     return _twins(node, equal, node.shape, dist, users, order)
 
 
 def _unfolded(part: Part, dist: Graph) -> Part:
     """A whole rank tensor that is itself a broadcast, as that broadcast."""
-    node = dist[part.name]
-    if part.kind != "dist" or node.op != "expand":
+    if part.kind != "dist" or dist[part.name].op != "expand":
         return part
+    node = dist[part.name]
     return Part("bcast", node.inputs[0], node.attr("dim"), node.attr("size"))
 
 
+def _shrunk(term: Term, dim: int, size: int) -> Term | None:
+    """A broadcast chain with its broadcast along `dim` cut to `size` (None: there is none)."""
+    if not (isinstance(term, App) and term.head == "expand"):
+        return None
+    inner, along, full = term.args
+    if along == dim:
+        return App("expand", (inner, along, size))
+    shrunk = _shrunk(inner, dim, size)
+    return App("expand", (shrunk, along, full)) if shrunk is not None else None
+
+
+def _options(part: Part, dim: int, size: int, dist: Graph, users: dict[str, list[str]],
+             replicas: dict[str, set[str]], constants: dict[str, set[str]]) -> set[str]:
+    """The rank tensors a twin may read where the reference reads `part`."""
+    if part.kind == "rcat":
+        return {part.name}
+    if part.kind == "dist":
+        return {part.name, *replicas.get(part.name, ())}
+    if part.kind == "bcast":
+        return _broadcasts({part.name, *replicas.get(part.name, ())}, dim, size, dist, users)
+    shrunk = _shrunk(parse(part.name), dim, size)
+    return set(constants.get(str(shrunk), ())) if shrunk is not None else set()
+
+
 def rank_concat_relation(node: Node, terms: list[str], dist: Graph, users: dict[str, list[str]],
-                         order: dict, replicas: dict[str, set[str]]) -> str | None:
+                         order: dict, replicas: dict[str, set[str]],
+                         constants: dict[str, set[str]]) -> str | None:
     """`(rcat twin d s)` or `(rsum twin)` for a rank node computing every rank's share or
-    summand of `node`'s value, or None. `replicas` holds the rank tensors known equal to each."""
+    summand of `node`'s value, or None. `replicas` holds the rank tensors known equal to each,
+    `constants` the rank nodes of each constant term."""
     parts = [part_of(term) for term in terms]
     if not parts or any(p is None for p in parts):
         return None
@@ -153,14 +195,15 @@ def rank_concat_relation(node: Node, terms: list[str], dist: Graph, users: dict[
             return None
         twins = _twins(node, [{parts[0].name}], node.shape, dist, users, order)
         return f'(rsum (dist "{twins[0]}"))' if twins else None
+    if _contracts_split_dim(node, parts):  # partial products: each rank's is a summand
+        twins = _twins(node, [{p.name} for p in parts], node.shape, dist, users, order)
+        return f'(rsum (dist "{twins[0]}"))' if twins else None
     split = _split_dim(node, parts)
     if split is None:
         return None
     dim, size = split
     shape = node.shape[:dim] + (size,) + node.shape[dim + 1:]
-    options = [{p.name} if p.kind == "rcat" else
-               _broadcasts({p.name, *replicas.get(p.name, ())}, dim, size, dist, users)
-               for p in parts]
+    options = [_options(p, dim, size, dist, users, replicas, constants) for p in parts]
     twins = _twins(node, options, shape, dist, users, order)
     return f'(rcat (dist "{twins[0]}") {dim} {size})' if twins else None
 

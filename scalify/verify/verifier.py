@@ -103,6 +103,9 @@ class Verifier:
             context_parallel=options.context_parallel)
         self.users = dist.graph.users()
         self.dist_const = constant_terms(dist.graph)
+        self.const_nodes: dict[str, set[str]] = {}  # the rank nodes of each constant term
+        for name, term in self.dist_const.items():
+            self.const_nodes.setdefault(term, set()).add(name)
         self.ref_const = constant_terms(ref)
         self.region = {n.name: region_of(n.source.module) for n in dist.graph}
         self.labels = {n.name: _label(n, "every rank" if dist.symbolic else
@@ -325,7 +328,7 @@ class Verifier:
 
     def _congruent(self, node: Node, inputs: list[Relation]) -> Relation | None:
         """The relation a rank node applying the same op gives, without a window (congruence.py)."""
-        twins = replicated_twins(node, inputs, self.dist.graph, self.users, self.dist_const,
+        twins = replicated_twins(node, inputs, self.dist.graph, self.users, self.const_nodes,
                                  self.dist.order)
         if twins:
             return Relation(leaf(twins[0]), tuple((leaf(twins[0]), twin) for twin in twins[1:]),
@@ -338,7 +341,7 @@ class Verifier:
             if match:
                 replicas.setdefault(match.group(1), set()).add(name)
         term = (rank_concat_relation(node, terms, self.dist.graph, self.users, self.dist.order,
-                                     replicas) or broadcast_term(node, terms))
+                                     replicas, self.const_nodes) or broadcast_term(node, terms))
         if term is None:
             return None
         return Relation(term, (), _inherited(inputs, set(leaves(parse(term)))))

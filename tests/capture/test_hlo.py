@@ -107,7 +107,7 @@ ENTRY %main (a: f32[2,3,4,5], b: f32[2,5,3,6], t: f32[6,4,2], i: s32[1]) -> (f32
   %tr = f32[4,6,2]{2,1,0} transpose(%t), dimensions={1,0,2}
   %i = s32[1]{0} parameter(3)
   %g = f32[1,6,2]{2,1,0} gather(%tr, %i), offset_dims={1,2}, collapsed_slice_dims={0}, start_index_map={0}, index_vector_dim=1, slice_sizes={1,6,2}
-  %m = f32[3,2]{1,0} slice(%dot), slice={[0:3], [0:2], [1:2], [5:6]}
+  %m = f32[3,2,1,1]{3,2,1,0} slice(%dot), slice={[0:3], [0:2], [1:2], [5:6]}
   %r = f32[3,2]{1,0} reshape(%m)
   %bc = f32[3,2,4]{2,1,0} broadcast(%r), dimensions={0,1}
   %io = s32[3,2,4]{2,1,0} iota(), iota_dimension=2

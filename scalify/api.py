@@ -187,7 +187,8 @@ def verify_hlo(reference_path: str | os.PathLike, distributed_path: str | os.Pat
 
     The input placements are inferred (capture/hlo_relations.py); `output_placements` state the
     expected placement of each output (default: inferred from the outputs' shapes). `options`
-    default to one-hop windows first: every device runs the reference's op structure."""
+    default to congruence and one-hop windows first: every device runs the reference's op
+    structure."""
     start = time.perf_counter()
     reference = parse_module(Path(reference_path).read_text())
     distributed = parse_module(Path(distributed_path).read_text())
@@ -200,7 +201,7 @@ def verify_hlo(reference_path: str | os.PathLike, distributed_path: str | os.Pat
     placements = infer_hlo_placements(ref_graph, rank_graphs[0], world_size)
     outputs = output_placements or infer_output_placements(ref_graph, rank_graphs[0], world_size)
     return verify_graphs(ref_graph, rank_graphs, placements, outputs, numeric=numeric,
-                         options=options or VerifyOptions(narrow_first=True),
+                         options=options or VerifyOptions(narrow_first=True, congruence=True),
                          name=name or f"{Path(reference_path).parent.name} vs "
                                       f"{Path(distributed_path).parent.name}",
                          progress=progress, executor=executor, timings=timings, started=start)

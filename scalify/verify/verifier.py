@@ -54,6 +54,9 @@ class VerifyOptions:
     # Try a one-hop window first for every op, not only for ops on replicated inputs (programs
     # whose ranks keep the reference's op structure, e.g. one compiler's SPMD HLO).
     narrow_first: bool = False
+    # Take a rank node applying the same op to the inputs' rank tensors without a window
+    # (verify/congruence.py; symbolic programs only).
+    congruence: bool = False
 
 
 @dataclass
@@ -287,7 +290,8 @@ class Verifier:
     def _infer(self, node: Node, relations: dict[str, Relation | None],
                result: Verification) -> Relation | None:
         inputs = [relations[i] for i in node.inputs]
-        congruent = self._congruent(node, inputs) if self.dist.symbolic else None
+        congruent = (self._congruent(node, inputs)
+                     if self.dist.symbolic and self.options.congruence else None)
         if congruent is not None:
             return congruent
         replicated = all(parse(r.term).head in ("dist", "const") for r in inputs)

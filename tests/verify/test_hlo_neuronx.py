@@ -157,3 +157,57 @@ def test_planted_sign_flip_in_the_rotary_embedding_is_reported(tmp_path):
     first = report.discrepancies[0]
     assert "%subtract.67" in first.ref_source.code and "%subtract.67" in first.dist_source.code
     assert first.dist_source.file.endswith("transformers_neuronx/layers/rotary.py")
+
+
+# A hand-written SPMD MLP, small enough for the interpreter to cross-check the verdicts.
+MLP_REFERENCE = """HloModule mlp
+ENTRY %main (x: f32[4,8], w1: f32[8,6], w2: f32[6,8]) -> f32[4,8] {
+  %x = f32[4,8]{1,0} parameter(0)
+  %w1 = f32[8,6]{1,0} parameter(1)
+  %w2 = f32[6,8]{1,0} parameter(2)
+  %h = f32[4,6]{1,0} dot(%x, %w1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %s = f32[4,6]{1,0} logistic(%h)
+  %g = f32[4,6]{1,0} multiply(%h, %s)
+  ROOT %y = f32[4,8]{1,0} dot(%g, %w2), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+"""
+
+MLP_TP2 = """HloModule mlp_tp2
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %c = f32[] add(%a, %b)
+}
+ENTRY %main (x: f32[4,8], w1: f32[8,3], w2: f32[3,8]) -> f32[4,8] {
+  %x = f32[4,8]{1,0} parameter(0)
+  %w1 = f32[8,3]{1,0} parameter(1)
+  %w2 = f32[3,8]{1,0} parameter(2)
+  %h = f32[4,3]{1,0} dot(%x, %w1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %s = f32[4,3]{1,0} logistic(%h)
+  %g = f32[4,3]{1,0} multiply(%h, %s)
+  %p = f32[4,8]{1,0} dot(%g, %w2), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %y = f32[4,8]{1,0} all-reduce(%p), replica_groups={{0,1}}, to_apply=%add
+}
+"""
+
+
+def _write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_hand_written_mlp_verifies_and_the_numbers_agree(tmp_path):
+    report = verify_hlo(_write(tmp_path, "ref.hlo", MLP_REFERENCE),
+                        _write(tmp_path, "tp2.hlo", MLP_TP2), 2, numeric=True)
+    assert report.verdict == "verified", [(d.ref_source.code, d.hint) for d in report.discrepancies]
+    assert report.numeric["agrees"], report.numeric
+
+
+def test_missing_all_reduce_is_a_partial_sum_and_the_numbers_disagree(tmp_path):
+    missing = MLP_TP2.replace("ROOT %y = f32[4,8]{1,0} all-reduce(%p), replica_groups={{0,1}}, "
+                              "to_apply=%add", "ROOT %y = f32[4,8]{1,0} copy(%p)")
+    report = verify_hlo(_write(tmp_path, "ref.hlo", MLP_REFERENCE),
+                        _write(tmp_path, "tp2.hlo", missing), 2, numeric=True)
+    assert report.verdict == "discrepancy"
+    assert not report.numeric["agrees"], report.numeric

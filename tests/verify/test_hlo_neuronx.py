@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from scalify.api import verify_hlo
+from scalify import verify_hlo
 from scalify.capture.hlo import lower_module
 from scalify.capture.hlo_relations import infer_placements, match_inputs, rename_inputs
 from scalify.capture.hlo_text import parse_module

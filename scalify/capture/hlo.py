@@ -114,7 +114,7 @@ def _get_tuple_element(lo: Lowering, ins: Instruction, args: list[Value]) -> Val
     return args[0][int(ins.attrs["index"])]
 
 
-@lowering("copy", "optimization-barrier")
+@lowering("copy", "optimization-barrier", "all-reduce-done")
 def _copy(lo: Lowering, ins: Instruction, args: list[Value]) -> Value:
     return args[0]
 
@@ -386,7 +386,7 @@ def _along(b: GraphBuilder, x: Ref, dim: int, make: Callable[[Ref], Ref]) -> Ref
     return b.emit("transpose", [moved], dim0=0, dim1=dim)
 
 
-@lowering("all-reduce")
+@lowering("all-reduce", "all-reduce-start")
 def _all_reduce(lo: Lowering, ins: Instruction, args: list[Value]) -> Value:
     if len(args) != 1:
         raise _fail(ins, "an all-reduce of several operands is not supported")
@@ -465,11 +465,28 @@ def _lower_instruction(lo: Lowering, ins: Instruction, values: dict[str, Value])
     return value
 
 
-def lower_computation(lo: Lowering, computation: Computation) -> Graph:
+def _lower_body(lo: Lowering, computation: Computation, args: list[Value] | None) -> Value:
+    """The computation's root value; its parameters are `args` (None: the program's inputs)."""
     values: dict[str, Value] = {}
     for ins in computation.instructions:
-        values[ins.name] = _lower_instruction(lo, ins, values)
-    lo.b.graph.outputs = [r.name for r in _flatten(values[computation.root])]
+        if args is not None and ins.opcode == "parameter":
+            values[ins.name] = args[int(ins.payload)]
+        else:
+            values[ins.name] = _lower_instruction(lo, ins, values)
+    return values[computation.root]
+
+
+@lowering("call", "fusion")
+def _call(lo: Lowering, ins: Instruction, args: list[Value]) -> Value:
+    """The called computation, inlined."""
+    name = (ins.attrs.get("to_apply") or ins.attrs.get("calls", "")).lstrip("%")
+    if name not in lo.module.computations:
+        raise _fail(ins, f"calls unknown computation {name!r}")
+    return _lower_body(lo, lo.module.computations[name], args)
+
+
+def lower_computation(lo: Lowering, computation: Computation) -> Graph:
+    lo.b.graph.outputs = [r.name for r in _flatten(_lower_body(lo, computation, None))]
     return lo.b.graph
 
 

@@ -17,11 +17,13 @@ _SECTIONS = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
 
 @dataclass(frozen=True)
 class HloShape:
-    """An array shape (`dtype`, `dims`) or a tuple of shapes (`elements`, dtype "tuple")."""
+    """An array shape (`dtype`, `dims`, its `layout`: dims minor to major, when written) or a
+    tuple of shapes (`elements`, dtype "tuple")."""
 
     dtype: str
     dims: tuple[int, ...] = ()
     elements: tuple[HloShape, ...] = ()
+    layout: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -119,7 +121,8 @@ def parse_shape(text: str) -> tuple[HloShape, int]:
     if match is None:
         raise ValueError(f"expected a shape at {stripped[:40]!r}")
     dims = tuple(int(d.strip().lstrip("<=")) for d in match.group(2).split(",") if d.strip())
-    return HloShape(match.group(1), dims), offset + match.end()
+    layout = tuple(int(d) for d in re.findall(r"\d+", (match.group(3) or "").split(":")[0]))
+    return HloShape(match.group(1), dims, layout=layout), offset + match.end()
 
 
 def _parse_instruction(line: str, number: int) -> tuple[Instruction, bool]:

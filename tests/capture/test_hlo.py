@@ -48,6 +48,28 @@ def test_parser_reads_computations_shapes_layouts_and_the_root():
     assert [e.dims for e in next(i for i in entry.instructions if i.name == "tuple.5").shape.elements] \
         == [(4, 3), (4,)]
     assert module.computations["sum.1"].root == "add.2"  # operands written with their shapes
+    assert (dot.shape.layout, entry.parameters()[0].shape.layout) == ((1, 0), (1, 0))
+
+
+def test_called_computations_are_inlined():
+    text = """HloModule calls
+%double (p: f32[3]) -> f32[3] {
+  %p = f32[3]{0} parameter(0)
+  ROOT %d = f32[3]{0} add(%p, %p)
+}
+%fused (q: f32[3]) -> f32[3] {
+  %q = f32[3]{0} parameter(0)
+  ROOT %e = f32[3]{0} exponential(%q)
+}
+ENTRY %main (x: f32[3]) -> f32[3] {
+  %x = f32[3]{0} parameter(0)
+  %c = f32[3]{0} call(%x), to_apply=%double
+  ROOT %f = f32[3]{0} fusion(%c), kind=kLoop, calls=%fused
+}
+"""
+    graph = read_hlo(text)
+    x = torch.randn(3, dtype=torch.float64)
+    assert torch.allclose(run_graph(graph, {"x": x})[graph.outputs[0]], torch.exp(2 * x))
 
 
 def test_lowered_module_computes_what_the_hlo_means():
@@ -151,13 +173,15 @@ COLLECTIVES = """HloModule spmd
   %q = f32[] parameter(1)
   ROOT %s = f32[] add(%p, %q)
 }
-ENTRY %main (x: f32[2,4]) -> (f32[2,4], f32[2,8], f32[2,4], u32[]) {
+ENTRY %main (x: f32[2,4]) -> (f32[2,4], f32[2,8], f32[2,4], u32[], f32[2,1], f32[2,4]) {
   %x = f32[2,4]{1,0} parameter(0)
   %ar = f32[2,4]{1,0} all-reduce(%x), replica_groups=[2,2]<=[4], to_apply=%add
   %ag = f32[2,8]{1,0} all-gather(%x), replica_groups={{0,2},{1,3}}, dimensions={1}
   %cp = f32[2,4]{1,0} collective-permute(%x), source_target_pairs={{0,1},{1,2},{2,3},{3,0}}
   %id = u32[] partition-id()
-  ROOT %t = (f32[2,4]{1,0}, f32[2,8]{1,0}, f32[2,4]{1,0}, u32[]) tuple(%ar, %ag, %cp, %id)
+  %rs = f32[2,1]{1,0} reduce-scatter(%x), replica_groups={}, dimensions={1}, to_apply=%add
+  %a2a = f32[2,4]{1,0} all-to-all(%x), replica_groups={{0,1},{2,3}}, dimensions={1}
+  ROOT %t = (f32[2,4]{1,0}, f32[2,8]{1,0}, f32[2,4]{1,0}, u32[], f32[2,1]{1,0}, f32[2,4]{1,0}) tuple(%ar, %ag, %cp, %id, %rs, %a2a)
 }
 """
 
@@ -168,13 +192,18 @@ def test_collectives_are_lowered_per_device_and_merge_across_devices():
     assert reduce.attr("group") == (2, 3) and reduce.attr("reduce") == "sum"
     assert next(n for n in graphs[1] if n.op == "all_gather").attr("group") == (1, 3)
     assert graphs[3][graphs[3].outputs[3]].attr("value") == 3  # partition-id
-    inputs = {f"r{r}/x": torch.full((2, 4), float(r + 1), dtype=torch.float64) for r in range(4)}
+    inputs = {f"r{r}/x": (r + 1) * torch.arange(8, dtype=torch.float64).reshape(2, 4)
+              for r in range(4)}
     merged = merge_ranks(graphs)  # each receive reads its peer's sent tensor
     values = run_graph(merged.graph, inputs)
-    reduced, gathered, permuted, _ = (values[name] for name in merged.rank_outputs[2])
-    assert torch.equal(reduced, torch.full((2, 4), 7.0, dtype=torch.float64))  # ranks 2 + 3
-    assert torch.equal(gathered[:, :4], torch.full((2, 4), 1.0, dtype=torch.float64))  # rank 0
-    assert torch.equal(permuted, torch.full((2, 4), 2.0, dtype=torch.float64))  # from rank 1
+    reduced, gathered, permuted, _, scattered, exchanged = (
+        values[name] for name in merged.rank_outputs[2])
+    x = inputs["r0/x"]
+    assert torch.equal(reduced, 7 * x)  # ranks 2 + 3
+    assert torch.equal(gathered, torch.cat([x, 3 * x], 1))  # ranks 0 and 2 along dim 1
+    assert torch.equal(permuted, 2 * x)  # from rank 1
+    assert torch.equal(scattered, 10 * x[:, 2:3])  # block 2 of the sum over all four
+    assert torch.equal(exchanged, torch.cat([3 * x[:, :2], 4 * x[:, :2]], 1))  # block 0 of 2, 3
 
 
 def test_unknown_op_names_the_op_and_the_hlo_line():

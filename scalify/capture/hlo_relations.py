@@ -103,21 +103,28 @@ def _fused(name: str, dim: int, ref_blocks: list[tuple[int, int]], world: int) -
                                                   "product in both programs")
 
 
-def infer_placement(reference: Graph, rank: Graph, name: str, world: int) -> Placement:
-    """The placement of reference input `name`, held by rank inputs of the same name."""
-    ref_shape, local_shape = reference[name].shape, rank[name].shape
-    where = f"inferred for {name} from its shapes {list(ref_shape)} and {list(local_shape)}"
-    if ref_shape == local_shape:
-        return Replicate(declared_at=where)
+def _by_shape(what: str, ref_shape: Shape, local_shape: Shape, world: int) -> Placement:
+    """Replicate for equal shapes, Shard(dim) for one dim split `world` ways, else ShapeError."""
+    where = f"inferred for {what} from its shapes {list(ref_shape)} and {list(local_shape)}"
     differ = [d for d, (a, b) in enumerate(zip(ref_shape, local_shape)) if a != b]
+    if len(ref_shape) == len(local_shape) and not differ:
+        return Replicate(declared_at=where)
     if len(ref_shape) != len(local_shape) or len(differ) != 1 or \
             ref_shape[differ[0]] != world * local_shape[differ[0]]:
-        raise ShapeError(f"{name}: reference shape {list(ref_shape)} and per-device shape "
+        raise ShapeError(f"{what}: reference shape {list(ref_shape)} and per-device shape "
                          f"{list(local_shape)} are neither equal nor one dim split {world} ways")
-    dim = differ[0]
-    ref_blocks = _blocks(_follow(reference, reference.users(), name, dim), ref_shape[dim])
+    return Shard(differ[0], declared_at=where)
+
+
+def infer_placement(reference: Graph, rank: Graph, name: str, world: int) -> Placement:
+    """The placement of reference input `name`, held by rank inputs of the same name."""
+    placement = _by_shape(name, reference[name].shape, rank[name].shape, world)
+    if not isinstance(placement, Shard):
+        return placement
+    dim = placement.dim
+    ref_blocks = _blocks(_follow(reference, reference.users(), name, dim), reference[name].shape[dim])
     fused = _fused(name, dim, ref_blocks, world) if _follow(rank, rank.users(), name, dim) else None
-    return fused or Shard(dim, declared_at=where)
+    return fused or placement
 
 
 def infer_placements(reference: Graph, rank: Graph, world: int) -> dict[str, Placement]:
@@ -127,18 +134,6 @@ def infer_placements(reference: Graph, rank: Graph, world: int) -> dict[str, Pla
 
 
 def infer_output_placements(reference: Graph, rank: Graph, world: int) -> list[Placement]:
-    """Each output's expected placement from its shapes: Replicate when equal, else the one dim
-    split `world` ways (Shard)."""
-    placements: list[Placement] = []
-    for ref_name, rank_name in zip(reference.outputs, rank.outputs):
-        ref_shape, local_shape = reference[ref_name].shape, rank[rank_name].shape
-        differ = [d for d, (a, b) in enumerate(zip(ref_shape, local_shape)) if a != b]
-        where = f"inferred for output {len(placements)} from its shapes"
-        if not differ:
-            placements.append(Replicate(declared_at=where))
-        elif len(differ) == 1 and ref_shape[differ[0]] == world * local_shape[differ[0]]:
-            placements.append(Shard(differ[0], declared_at=where))
-        else:
-            raise ShapeError(f"output {len(placements)}: shapes {list(ref_shape)} and "
-                             f"{list(local_shape)} are neither equal nor one dim split {world} ways")
-    return placements
+    """Each output's expected placement from its shapes (Replicate or Shard)."""
+    return [_by_shape(f"output {position}", reference[ref_name].shape, rank[rank_name].shape, world)
+            for position, (ref_name, rank_name) in enumerate(zip(reference.outputs, rank.outputs))]

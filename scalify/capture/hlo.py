@@ -156,10 +156,13 @@ def _select(lo: Lowering, ins: Instruction, args: list[Value]) -> Value:
     return lo.b.emit("where", args, args[1].dtype)
 
 
+def _cast(b: GraphBuilder, x: Ref, dtype: str) -> Ref:
+    return x if x.dtype == dtype else b.emit("cast", [x], dtype, dtype=dtype)
+
+
 @lowering("convert")
 def _convert(lo: Lowering, ins: Instruction, args: list[Value]) -> Value:
-    dtype = dtype_of(ins.shape)
-    return args[0] if args[0].dtype == dtype else lo.b.emit("cast", args, dtype, dtype=dtype)
+    return _cast(lo.b, args[0], dtype_of(ins.shape))
 
 
 # Movement.
@@ -207,21 +210,22 @@ def _slice(lo: Lowering, ins: Instruction, args: list[Value]) -> Value:
     return _slice_dims(lo.b, args[0], bounds)
 
 
-def _constant_starts(lo: Lowering, ins: Instruction, refs: list[Ref]) -> list[int]:
+def _starts(lo: Lowering, ins: Instruction, refs: list[Ref], sizes: tuple[int, ...],
+            shape: tuple[int, ...]) -> list[int]:
+    """Constant start indices, clamped as HLO clamps them (the window stays inside)."""
     starts = []
-    for ref in refs:
+    for ref, size, full in zip(refs, sizes, shape):
         node = lo.b.graph[ref.name]
         if node.op != "full":
             raise _fail(ins, "start indices computed at run time are not supported")
-        starts.append(int(node.attr("value")))
+        starts.append(min(max(int(node.attr("value")), 0), full - size))
     return starts
 
 
 @lowering("dynamic-slice")
 def _dynamic_slice(lo: Lowering, ins: Instruction, args: list[Value]) -> Value:
-    x, starts = args[0], _constant_starts(lo, ins, args[1:])
-    sizes = _ints(ins.attrs["dynamic_slice_sizes"])
-    starts = [min(max(s, 0), full - size) for s, size, full in zip(starts, sizes, x.shape)]
+    x, sizes = args[0], tuple(_ints(ins.attrs["dynamic_slice_sizes"]))
+    starts = _starts(lo, ins, args[1:], sizes, x.shape)
     return _slice_dims(lo.b, x, [(s, s + size) for s, size in zip(starts, sizes)])
 
 
@@ -243,9 +247,7 @@ def _placed(b: GraphBuilder, x: Ref, update: Ref, starts: list[int], dim: int) -
 @lowering("dynamic-update-slice")
 def _dynamic_update_slice(lo: Lowering, ins: Instruction, args: list[Value]) -> Value:
     x, update = args[0], args[1]
-    starts = [min(max(s, 0), full - size) for s, size, full
-              in zip(_constant_starts(lo, ins, args[2:]), update.shape, x.shape)]
-    return _placed(lo.b, x, update, starts, 0)
+    return _placed(lo.b, x, update, _starts(lo, ins, args[2:], update.shape, x.shape), 0)
 
 
 @lowering("concatenate")
@@ -298,9 +300,7 @@ def _dot(lo: Lowering, ins: Instruction, args: list[Value]) -> Value:
     right = _grouped(b, b.permute(rhs, rb + rc + rf), len(lb), [len(rc), len(rf)])
     product = b.emit("matmul", [left, right])
     free = [lhs.shape[d] for d in lf] + [rhs.shape[d] for d in rf]
-    result = b.reshape(product, tuple(batch + free))
-    return lo.b.emit("cast", [result], dtype_of(ins.shape), dtype=dtype_of(ins.shape)) \
-        if result.dtype != dtype_of(ins.shape) else result
+    return _cast(b, b.reshape(product, tuple(batch + free)), dtype_of(ins.shape))
 
 
 def _grouped(b: GraphBuilder, x: Ref, lead: int, runs: list[int]) -> Ref:
@@ -368,8 +368,7 @@ def _rms_norm(lo: Lowering, ins: Instruction, args: list[Value]) -> Value:
     rstd = b.emit("rsqrt", [b.emit("add_scalar", [mean], value=node.attr("value"))])
     normed = b.emit("mul", [x, b.broadcast(rstd, x.shape)])
     scaled = b.emit("mul", [normed, _broadcast_into(b, weight, x.shape, [dim])])
-    dtype = dtype_of(ins.shape)
-    return scaled if scaled.dtype == dtype else b.emit("cast", [scaled], dtype, dtype=dtype)
+    return _cast(b, scaled, dtype_of(ins.shape))
 
 
 # Collectives: the group is the replica group that holds this device.

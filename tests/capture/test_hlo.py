@@ -155,6 +155,28 @@ def test_dot_with_batch_dims_gather_broadcast_and_select_compute_what_the_hlo_me
     assert torch.allclose(selected, torch.where(corner > positions, corner, positions))
 
 
+def test_dynamic_slice_and_update_with_constant_starts_are_clamped_like_hlo():
+    text = """HloModule dynamic
+ENTRY %main (x: f32[4,6], u: f32[2,3]) -> (f32[2,3], f32[4,6]) {
+  %x = f32[4,6]{1,0} parameter(0)
+  %u = f32[2,3]{1,0} parameter(1)
+  %one = s32[] constant(1)
+  %far = s32[] constant(5)
+  %d = f32[2,3]{1,0} dynamic-slice(%x, %one, %far), dynamic_slice_sizes={2,3}
+  %w = f32[4,6]{1,0} dynamic-update-slice(%x, %u, %one, %one)
+  ROOT %t = (f32[2,3]{1,0}, f32[4,6]{1,0}) tuple(%d, %w)
+}
+"""
+    graph = read_hlo(text)
+    x, u = torch.randn(4, 6, dtype=torch.float64), torch.randn(2, 3, dtype=torch.float64)
+    values = run_graph(graph, {"x": x, "u": u})
+    sliced, written = (values[name] for name in graph.outputs)
+    assert torch.equal(sliced, x[1:3, 3:6])  # start 5 clamped to 3
+    expected = x.clone()
+    expected[1:3, 1:4] = u
+    assert torch.equal(written, expected)
+
+
 @pytest.mark.parametrize("text,groups", [
     ("{{0,1},{2,3}}", ((0, 1), (2, 3))),
     ("{}", ((0, 1, 2, 3),)),

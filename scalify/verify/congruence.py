@@ -188,7 +188,7 @@ def rank_concat_relation(node: Node, terms: list[str], dist: Graph, users: dict[
     parts = [part_of(term) for term in terms]
     if not parts or any(p is None for p in parts):
         return None
-    if any(p.kind == "rcat" for p in parts):
+    if OPS[node.op].trait in (UNARY, BINARY, WHERE) and any(p.kind == "rcat" for p in parts):
         parts = [_unfolded(p, dist) for p in parts]
     if all(p.kind == "rsum" for p in parts):  # movement is linear: a summand moves alone
         if len(parts) != 1 or OPS[node.op].trait != MOVEMENT or node.attr("value", 0) != 0:

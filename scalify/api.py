@@ -186,7 +186,8 @@ def verify_hlo(reference_path: str | os.PathLike, distributed_path: str | os.Pat
     computes what the single-device HLO module at `reference_path` computes.
 
     The input placements are inferred (capture/hlo_relations.py); `output_placements` state the
-    expected placement of each output (default: inferred from the outputs' shapes). `options`
+    expected placements of the first outputs (the others are not checked; default: every
+    output's, inferred from its shapes). `options`
     default to congruence and one-hop windows first: every device runs the reference's op
     structure."""
     start = time.perf_counter()

@@ -160,8 +160,8 @@ def _shrunk(term: Term, dim: int, size: int) -> Term | None:
     if not (isinstance(term, App) and term.head == "expand"):
         return None
     inner, along, full = term.args
-    if along == dim:
-        return App("expand", (inner, along, size))
+    if along == dim:  # a broadcast to one element is no broadcast at all
+        return inner if size == 1 else App("expand", (inner, along, size))
     shrunk = _shrunk(inner, dim, size)
     return App("expand", (shrunk, along, full)) if shrunk is not None else None
 
@@ -210,7 +210,10 @@ def rank_concat_relation(node: Node, terms: list[str], dist: Graph, users: dict[
 
 def _broadcasts(names: set[str], dim: int, size: int, dist: Graph,
                 users: dict[str, list[str]]) -> set[str]:
-    """Rank nodes broadcasting any of `names` along `dim` to `size`."""
+    """Rank nodes broadcasting any of `names` along `dim` to `size` (to one element: the
+    names themselves, whose dim has that size)."""
+    if size == 1:
+        return set(names)
     return {u for name in names for u in users[name] if dist[u].op == "expand"
             and (dist[u].attr("dim"), dist[u].attr("size")) == (dim, size)}
 

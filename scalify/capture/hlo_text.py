@@ -11,6 +11,7 @@ from ..errors import CaptureError
 _ARRAY = re.compile(r"([a-z][a-z0-9]*)\[([^\]]*)\](\{[^}]*\})?")
 _INSTRUCTION = re.compile(r"^\s*(ROOT\s+)?%?([\w.\-]+)\s*=\s*")
 _HEADER = re.compile(r"^\s*(ENTRY\s+)?%?([\w.\-]+)\s*(\(.*\))?\s*(->.*)?\{\s*$")
+_PAYLOAD_OPS = ("constant", "parameter")  # what their parentheses hold is not operands
 _COMMENT = re.compile(r"/\*.*?\*/")  # /*index=5*/ inside long tuples
 _SECTIONS = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
 
@@ -139,8 +140,10 @@ def _parse_instruction(line: str, number: int) -> tuple[Instruction, bool]:
     except (ValueError, AttributeError) as error:
         raise CaptureError(f"HLO line {number}: {error}") from None
     inside = rest[open_at + 1:close_at]
-    operands = tuple(re.findall(r"%([\w.\-]+)", inside))
-    payload = "" if operands else inside.strip()
+    if opcode in _PAYLOAD_OPS:
+        operands, payload = (), inside.strip()
+    else:  # `%a, %b`, or with shapes and without `%`: `f32[8]{0} a, f32[8]{0} b`
+        operands, payload = tuple(p.split()[-1].lstrip("%") for p in split_top_level(inside)), ""
     attrs = {}
     for part in split_top_level(rest[close_at + 1:].lstrip(", ")):
         key, _, value = part.partition("=")

@@ -51,6 +51,18 @@ def test_parser_reads_computations_shapes_layouts_and_the_root():
     assert (dot.shape.layout, entry.parameters()[0].shape.layout) == ((1, 0), (1, 0))
 
 
+def test_names_without_percent_and_operands_with_shapes_are_read():
+    text = """HloModule plain
+ENTRY main.4 {
+  Arg_0.1 = f32[8]{0} parameter(0)
+  Arg_1.2 = f32[8]{0} parameter(1)
+  ROOT add.3 = f32[8]{0} add(f32[8]{0} Arg_0.1, f32[8]{0} Arg_1.2)
+}
+"""
+    add = parse_module(text).entry_computation.instructions[-1]
+    assert (add.name, add.operands) == ("add.3", ("Arg_0.1", "Arg_1.2"))
+
+
 def test_called_computations_are_inlined():
     text = """HloModule calls
 %double (p: f32[3]) -> f32[3] {

@@ -3,17 +3,23 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
+from .capture.hlo import lower_module
+from .capture.hlo_relations import (infer_output_placements, infer_placements as infer_hlo_placements,
+                                    match_inputs, rename_inputs)
+from .capture.hlo_text import parse_module
 from .capture.ranks import capture_ranks
 from .capture.shard_fn import ShardFn, infer_placements
 from .capture.tracer import capture
 from .config import Experiment, load_experiment
 from .engine import Executor, InlineExecutor, VerifyJob, executor_for
 from .ir.distributed import merge_ranks
+from .ir.graph import Graph
 from .ir.symmetry import symbolic_program
 from .placements import Custom, Placement, Replicate, Shard
 from .report.model import Report
@@ -67,15 +73,33 @@ def verify_modules(reference: nn.Module, rank_module_factory: Callable[[int], nn
                  **dict(reference.named_buffers())}
         param_placements = {**infer_placements(shard_fn, state, world_size), **(param_placements or {})}
     placements = {**(param_placements or {}), **input_placements}
+    outputs = output_placements or [Replicate()] * len(ref_graph.outputs)
+    return verify_graphs(ref_graph, rank_graphs, placements, outputs, numeric=numeric, name=name,
+                         progress=progress, options=options, executor=executor, timings=timings,
+                         started=start)
+
+
+def verify_graphs(ref_graph: Graph, rank_graphs: list[Graph], placements: dict[str, Placement],
+                  outputs: list[Placement], *, numeric: bool = False, name: str = "graphs",
+                  progress: Progress = _quiet, options: VerifyOptions | None = None,
+                  executor: Executor | None = None, timings: dict[str, float] | None = None,
+                  started: float | None = None) -> Report:
+    """Prove that the rank graphs compute what the reference graph computes, given captured
+    graphs (any frontend): `placements` relate the reference's inputs (by placeholder name) to
+    the ranks', `outputs` state each output's expected placement. `timings` (e.g. the capture's)
+    are kept in the report; `started` is when the lowering stage began (default: now)."""
+    timings = dict(timings or {})
+    start = time.perf_counter() if started is None else started
+    world_size = len(rank_graphs)
     options = options or VerifyOptions()
     symbolic, symmetry = None, "off"
     if options.rank_symmetry:
         symbolic, symmetry = (symbolic_program(rank_graphs) if even_placements(placements, world_size)
-                              else (None, "a placement repeats chunks across ranks or is Custom or "
-                                    "Stage (pipeline stages run different programs)"))
+                              else (None, "a placement repeats chunks across ranks, is Custom with "
+                                    "pieces other than even blocks, or is Stage (pipeline "
+                                    "stages run different programs)"))
     # The per-rank graph is needed to verify without symmetry and to run the numbers.
     dist = merge_ranks(rank_graphs) if symbolic is None or numeric else None
-    outputs = output_placements or [Replicate()] * len(ref_graph.outputs)
     timings["lowering_s"] = time.perf_counter() - start
     start = time.perf_counter()
     job = VerifyJob(ref_graph, symbolic or dist, options, placements, outputs)
@@ -153,3 +177,33 @@ def _local_inputs(inputs: dict[str, torch.Tensor], placements: dict[str, Placeme
                                placement.dim)
         local[name] = tensor.clone() if not tensor.is_meta else torch.empty_like(tensor)
     return local
+
+
+def verify_hlo(reference_path: str | os.PathLike, distributed_path: str | os.PathLike,
+               world_size: int, output_placements: list[Placement] | None = None, *,
+               numeric: bool = False, name: str | None = None, progress: Progress = _quiet,
+               options: VerifyOptions | None = None, executor: Executor | None = None) -> Report:
+    """Prove that the SPMD HLO module at `distributed_path`, run by `world_size` devices,
+    computes what the single-device HLO module at `reference_path` computes.
+
+    The input placements are inferred (capture/hlo_relations.py); `output_placements` state the
+    expected placements of the first outputs (the others are not checked; default: every
+    output's, inferred from its shapes). `options`
+    default to congruence and one-hop windows first: every device runs the reference's op
+    structure."""
+    start = time.perf_counter()
+    reference = parse_module(Path(reference_path).read_text())
+    distributed = parse_module(Path(distributed_path).read_text())
+    ref_graph = lower_module(reference)
+    names = match_inputs(reference, distributed)
+    rank_graphs = [rename_inputs(lower_module(distributed, device, world_size), names)
+                   for device in range(world_size)]
+    timings = {"capture_s": time.perf_counter() - start}
+    start = time.perf_counter()
+    placements = infer_hlo_placements(ref_graph, rank_graphs[0], world_size)
+    outputs = output_placements or infer_output_placements(ref_graph, rank_graphs[0], world_size)
+    return verify_graphs(ref_graph, rank_graphs, placements, outputs, numeric=numeric,
+                         options=options or VerifyOptions(narrow_first=True, congruence=True),
+                         name=name or f"{Path(reference_path).parent.name} vs "
+                                      f"{Path(distributed_path).parent.name}",
+                         progress=progress, executor=executor, timings=timings, started=start)

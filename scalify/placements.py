@@ -99,6 +99,25 @@ class Custom(Placement):
     dim: int
     pieces: tuple[Piece, ...]
 
+    def even_blocks(self, world: int) -> tuple[str, list[tuple[int, int]]] | None:
+        """When every rank holds, in one tensor of one name, the same local blocks and block k
+        of the reference is the ranks' k-th blocks in rank order (a fused weight split block by
+        block): that name and the blocks' (local start, size) in reference order; else None."""
+        names = {p.local for p in self.pieces}
+        pieces = sorted(self.pieces, key=lambda p: (p.ref_start, p.rank))
+        if len(names) != 1 or len(pieces) % world:
+            return None
+        blocks, covered = [], 0
+        for first in range(0, len(pieces), world):
+            group = pieces[first:first + world]
+            block = (group[0].local_start, group[0].size)
+            if any((p.rank, p.ref_start, p.local_start, p.size) != (r, covered + r * block[1], *block)
+                   for r, p in enumerate(group)):
+                return None
+            blocks.append(block)
+            covered += world * block[1]
+        return names.pop(), blocks
+
     def __str__(self) -> str:
         held: dict[str, list[str]] = {}
         for p in sorted(self.pieces, key=lambda p: (p.ref_start, p.rank)):

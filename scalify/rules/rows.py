@@ -75,6 +75,12 @@ def rules() -> list[Rule]:
              "(where3 (concat c1 c2 d na nb) (expand u d n) (expand w d n))",
              "(concat (where3 c1 (expand u d na) (expand w d na)) "
              "(where3 c2 (expand u d nb) (expand w d nb)) d na nb)", _selected),
+        # A mask broadcast over heads selecting between per-rank heads and a broadcast fill.
+        Rule("where-over-broadcast-concat-broadcast",
+             "(where3 (expand u d n) (concat a b d na nb) (expand w d n))",
+             "(concat (where3 (expand u d na) a (expand w d na)) "
+             "(where3 (expand u d nb) b (expand w d nb)) d na nb)",
+             lambda gen, c: {**_selected(gen, c), "u": _ints(gen, 3, 1, 5) > 0}),
         Rule("take-over-concats", "(take (concat a b d na nb) (concat t1 t2 d na nb) k)",
              "(concat (take a t1 k) (take b t2 k) d na nb)", lambda gen, c: {**_tokens(gen, c), "k": 2},
              when=("(< d k)",)),

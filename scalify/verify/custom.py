@@ -59,6 +59,17 @@ def _slice(name: str, dim: int, start: int, end: int, shape: Shape) -> str:
     return leaf(name) if whole else f"(slice {leaf(name)} {dim} {start} {end})"
 
 
+def family_custom_relation(placement: Custom, ref_shape: Shape, local_shape: Shape,
+                           world: int) -> Relation:
+    """The relation of an even-block Custom placement over a rank family: block by block, the
+    family's concatenation of each rank's block."""
+    name, blocks = placement.even_blocks(world)
+    dim = placement.dim % len(ref_shape)
+    terms = [f"(rcat {_slice(f'r0/{name}', dim, start, start + size, local_shape)} {dim} {size})"
+             for start, size in blocks]
+    return Relation(concat_terms(terms, [size * world for _, size in blocks], dim))
+
+
 def custom_relation(target: str, placement: Custom, ref_shape: Shape,
                     shape_of: Callable[[str], Shape | None]) -> Relation:
     """ref = concat of the owners' slices (one nested concat per run of one rank tensor's slices,

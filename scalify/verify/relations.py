@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ShapeError
-from ..placements import Partial, Placement, Replicate, Shard, Stage
+from ..placements import Custom, Partial, Placement, Replicate, Shard, Stage
 from ..rules.terms import App, Term, leaves, parse
 
 Shape = tuple[int, ...]
@@ -140,9 +140,13 @@ def output_holders(placements: list[Placement], position: int, world: int) -> li
 
 
 def even_placements(placements: dict[str, Placement], world: int) -> bool:
-    """Whether every placement is expressible over a rank family (no repeated chunks or pieces)."""
+    """Whether every placement is expressible over a rank family (no repeated chunks or pieces):
+    Custom layouts only when each rank holds even blocks in its tensor of the reference's own
+    name, as an SPMD program's inputs are (fused tensors of other names keep the per-rank path)."""
     return all(isinstance(p, (Replicate, Partial)) or isinstance(p, Shard)
-               and list(p.chunks(world)) == list(range(world)) for p in placements.values())
+               and list(p.chunks(world)) == list(range(world))
+               or isinstance(p, Custom) and (p.even_blocks(world) or ("",))[0] == target
+               for target, p in placements.items())
 
 
 def _expect_shapes(target: str, placement: Placement, got: list[Shape], want: list[Shape]) -> None:

@@ -21,7 +21,8 @@ from ..placements import Custom, Placement, Replicate, Stage
 from ..report.model import Discrepancy
 from ..rules.families import LINEAR_UNARY_OPS
 from ..rules.terms import App, is_relational, leaves, op_key, parse, render
-from .custom import custom_relation
+from .congruence import broadcast_term, rank_concat_relation, replicated_twins
+from .custom import custom_relation, family_custom_relation
 from .encode import encode
 from .relations import (Relation, describe, expected_output, family_relation,
                         from_placement, leaf, output_holders, stage_relation)
@@ -50,6 +51,12 @@ class VerifyOptions:
     memo: bool = True  # prove identical windows once
     memo_store: str | None = None  # SQLite file shared by runs
     rank_symmetry: bool = True  # verify one symbolic program for all ranks when they allow it
+    # Try a one-hop window first for every op, not only for ops on replicated inputs (programs
+    # whose ranks keep the reference's op structure, e.g. one compiler's SPMD HLO).
+    narrow_first: bool = False
+    # Take a rank node applying the same op to the inputs' rank tensors without a window
+    # (verify/congruence.py; symbolic programs only).
+    congruence: bool = False
 
 
 @dataclass
@@ -99,6 +106,9 @@ class Verifier:
             context_parallel=options.context_parallel)
         self.users = dist.graph.users()
         self.dist_const = constant_terms(dist.graph)
+        self.const_nodes: dict[str, set[str]] = {}  # the rank nodes of each constant term
+        for name, term in self.dist_const.items():
+            self.const_nodes.setdefault(term, set()).add(name)
         self.ref_const = constant_terms(ref)
         self.region = {n.name: region_of(n.source.module) for n in dist.graph}
         self.labels = {n.name: _label(n, "every rank" if dist.symbolic else
@@ -245,7 +255,11 @@ class Verifier:
     def _input_relation(self, node: Node, placements: dict[str, Placement]) -> Relation:
         target = node.attr("target")
         placement = placements.get(target, Replicate())
-        if isinstance(placement, Custom):  # never symbolic: even_placements rules it out
+        if isinstance(placement, Custom) and self.dist.symbolic:  # even blocks (relations.py)
+            local = f"r0/{placement.pieces[0].local}"
+            return family_custom_relation(placement, node.shape, self.dist.graph[local].shape,
+                                          self.dist.world_size)
+        if isinstance(placement, Custom):
             return custom_relation(target, placement, node.shape, lambda name: (
                 self.dist.graph[name].shape if name in self.dist.graph else None))
         if isinstance(placement, Stage):  # never symbolic: even_placements rules it out
@@ -272,8 +286,13 @@ class Verifier:
     def _infer(self, node: Node, relations: dict[str, Relation | None],
                result: Verification) -> Relation | None:
         inputs = [relations[i] for i in node.inputs]
+        congruent = (self._congruent(node, inputs)
+                     if self.dist.symbolic and self.options.congruence else None)
+        if congruent is not None:
+            return congruent
         replicated = all(parse(r.term).head in ("dist", "const") for r in inputs)
-        depths = [1, self.options.window_depth] if replicated else [self.options.window_depth]
+        narrow = replicated or self.options.narrow_first
+        depths = [1, self.options.window_depth] if narrow else [self.options.window_depth]
         runs = [r for r in inputs if r.pending is not None]
         if runs:  # the ranks' fused computation ends further downstream
             depths = [2 * self.options.window_depth]
@@ -306,6 +325,26 @@ class Verifier:
         else:
             result.discrepancies.append(self._discrepancy(node, inputs, term, narrowest or window))
         return None
+
+    def _congruent(self, node: Node, inputs: list[Relation]) -> Relation | None:
+        """The relation a rank node applying the same op gives, without a window (congruence.py)."""
+        twins = replicated_twins(node, inputs, self.dist.graph, self.users, self.const_nodes,
+                                 self.dist.order)
+        if twins:
+            return Relation(leaf(twins[0]), tuple((leaf(twins[0]), twin) for twin in twins[1:]),
+                            _inherited(inputs, set(twins)))
+        if any(r.pending is not None for r in inputs):
+            return None
+        terms, replicas = [r.term for r in inputs], {}
+        for term, name in (fact for r in inputs for fact in r.facts()):
+            match = _LEAF_NAME.fullmatch(term)
+            if match:
+                replicas.setdefault(match.group(1), set()).add(name)
+        term = (rank_concat_relation(node, terms, self.dist.graph, self.users, self.dist.order,
+                                     replicas, self.const_nodes) or broadcast_term(node, terms))
+        if term is None:
+            return None
+        return Relation(term, (), _inherited(inputs, set(leaves(parse(term)))))
 
     def _program(self, node: Node, inputs: list[Relation], depth: int) -> tuple[str, list[str]]:
         leaves_in = {name for r in inputs for name in r.leaf_names()}
@@ -446,7 +485,12 @@ class Verifier:
                         f"does not sum into this {node.op}'s input")
         else:
             same_op = [n for n in lowest if self.dist.graph[n].op == node.op]
-            chosen = (same_op or lowest or [None])[0]
+            lines = {(loc.file, loc.line) for loc in [node.source, *(self.ref[i].source
+                                                                    for i in node.inputs)]
+                     if loc.file}  # the rank's run of this op's or its inputs' source lines
+            same_line = [n for n in lowest if (self.dist.graph[n].source.file,
+                                               self.dist.graph[n].source.line) in lines]
+            chosen = (same_op or same_line or lowest or [None])[0]
             primary = self.dist.graph[chosen].source if chosen else SourceLoc()
             hint = _hint(node, found) + _layout_hint(self._sharded_inputs(node))
         nearby = sent + list(dict.fromkeys(self.dist.graph[n].source for n in lowest))[:10]

@@ -13,6 +13,7 @@ from .capture.hlo import lower_module
 from .capture.hlo_relations import (infer_output_placements, infer_placements as infer_hlo_placements,
                                     match_inputs, rename_inputs)
 from .capture.hlo_text import parse_module
+from .capture.jax_dump import dump_to_temp
 from .capture.ranks import capture_ranks
 from .capture.shard_fn import ShardFn, infer_placements
 from .capture.tracer import capture
@@ -181,12 +182,14 @@ def _local_inputs(inputs: dict[str, torch.Tensor], placements: dict[str, Placeme
 
 def verify_hlo(reference_path: str | os.PathLike, distributed_path: str | os.PathLike,
                world_size: int, output_placements: list[Placement] | None = None, *,
-               numeric: bool = False, name: str | None = None, progress: Progress = _quiet,
+               input_placements: list[Placement] | None = None, numeric: bool = False,
+               name: str | None = None, progress: Progress = _quiet,
                options: VerifyOptions | None = None, executor: Executor | None = None) -> Report:
     """Prove that the SPMD HLO module at `distributed_path`, run by `world_size` devices,
     computes what the single-device HLO module at `reference_path` computes.
 
-    The input placements are inferred (capture/hlo_relations.py); `output_placements` state the
+    The input placements are inferred (capture/hlo_relations.py) unless `input_placements`
+    state them, in parameter order (as JAX shardings do); `output_placements` state the
     expected placements of the first outputs (the others are not checked; default: every
     output's, inferred from its shapes). `options`
     default to congruence and one-hop windows first: every device runs the reference's op
@@ -200,10 +203,29 @@ def verify_hlo(reference_path: str | os.PathLike, distributed_path: str | os.Pat
                    for device in range(world_size)]
     timings = {"capture_s": time.perf_counter() - start}
     start = time.perf_counter()
-    placements = infer_hlo_placements(ref_graph, rank_graphs[0], world_size)
+    placements = (dict(zip([p.name for p in reference.entry_computation.parameters()],
+                           input_placements)) if input_placements is not None
+                  else infer_hlo_placements(ref_graph, rank_graphs[0], world_size))
     outputs = output_placements or infer_output_placements(ref_graph, rank_graphs[0], world_size)
     return verify_graphs(ref_graph, rank_graphs, placements, outputs, numeric=numeric,
                          options=options or VerifyOptions(narrow_first=True, congruence=True),
                          name=name or f"{Path(reference_path).parent.name} vs "
                                       f"{Path(distributed_path).parent.name}",
                          progress=progress, executor=executor, timings=timings, started=start)
+
+
+def verify_jax(builder: str, *, numeric: bool = False, name: str | None = None,
+               progress: Progress = _quiet, options: VerifyOptions | None = None,
+               executor: Executor | None = None) -> Report:
+    """Prove that a JAX program's distributed version computes what its reference computes:
+    `builder` ("module.path:function") returns a `JaxProgram`; both are dumped as HLO in a child
+    process (capture/jax_dump.py) and verified with the placements their shardings state."""
+    start = time.perf_counter()
+    dump = dump_to_temp(builder)
+    dumped_s = time.perf_counter() - start
+    report = verify_hlo(dump.reference, dump.distributed, dump.world_size, dump.outputs,
+                        input_placements=dump.inputs, numeric=numeric, name=name or builder,
+                        progress=progress, options=options, executor=executor)
+    report.timings["capture_s"] += dumped_s
+    report.timings["total_s"] += dumped_s
+    return report

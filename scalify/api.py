@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -13,7 +14,7 @@ from .capture.hlo import lower_module
 from .capture.hlo_relations import (infer_output_placements, infer_placements as infer_hlo_placements,
                                     match_inputs, rename_inputs)
 from .capture.hlo_text import parse_module
-from .capture.jax_dump import dump_to_temp
+from .capture.jax_dump import JaxDump, dump_jax
 from .capture.ranks import capture_ranks
 from .capture.shard_fn import ShardFn, infer_placements
 from .capture.tracer import capture
@@ -221,11 +222,18 @@ def verify_jax(builder: str, *, numeric: bool = False, name: str | None = None,
     `builder` ("module.path:function") returns a `JaxProgram`; both are dumped as HLO in a child
     process (capture/jax_dump.py) and verified with the placements their shardings state."""
     start = time.perf_counter()
-    dump = dump_to_temp(builder)
-    dumped_s = time.perf_counter() - start
+    with tempfile.TemporaryDirectory(prefix="scalify-jax-") as folder:
+        (dump,) = dump_jax([builder], folder)
+        return verify_dump(dump, numeric=numeric, name=name or builder, progress=progress,
+                           options=options, executor=executor,
+                           dumped_s=time.perf_counter() - start)
+
+
+def verify_dump(dump: JaxDump, *, dumped_s: float = 0.0, **options: Any) -> Report:
+    """`verify_hlo` on a JAX dump, with the placements its shardings state; `dumped_s`, the
+    time the dump took, is counted as capture."""
     report = verify_hlo(dump.reference, dump.distributed, dump.world_size, dump.outputs,
-                        input_placements=dump.inputs, numeric=numeric, name=name or builder,
-                        progress=progress, options=options, executor=executor)
+                        input_placements=dump.inputs, **options)
     report.timings["capture_s"] += dumped_s
     report.timings["total_s"] += dumped_s
     return report

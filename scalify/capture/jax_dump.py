@@ -1,7 +1,7 @@
 """Dumps a JAX program's HLO: the single-device reference and the per-device SPMD program.
 
 XLA reads its flags (host device count, dump folder) once, when JAX first initialises, so the
-dump runs in a child process (`python -m scalify.capture.jax_dump BUILDER OUT`) and never
+dump runs in a child process (`write_dumps`) and never
 disturbs the caller's JAX or torch. BUILDER is `module.path:function`, a function of no
 arguments returning a `JaxProgram` (scalify/jax_models/llama.py). The child writes:
 
@@ -17,7 +17,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +25,8 @@ from ..placements import Placement, Replicate, Shard
 
 HOST_DEVICES = 8
 PARTITIONED = "after_spmd-partitioning"
+_CHILD = ("import sys, pathlib; from scalify.capture.jax_dump import write_dumps; "
+          "write_dumps(pathlib.Path(sys.argv[1]), sys.argv[2:])")
 
 
 @dataclass(frozen=True)
@@ -61,20 +62,26 @@ def placement_of(entry: dict, where: str) -> Placement:
                  declared_at=where)
 
 
-def dump_jax(builder: str, out: str | os.PathLike) -> JaxDump:
-    """Run BUILDER in a child process and read back what it dumped into `out`."""
+def dump_jax(builders: list[str], out: str | os.PathLike) -> list[JaxDump]:
+    """Run the builders in one child process (JAX starts once) and read back what each dumped
+    into its folder `out/<position>`."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=(
         f"--xla_force_host_platform_device_count={HOST_DEVICES} --xla_dump_to={out / 'xla'} "
         "--xla_dump_hlo_pass_re=spmd-partitioning"))
-    done = subprocess.run([sys.executable, "-m", "scalify.capture.jax_dump", builder, str(out)],
-                          env=env, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-c", _CHILD, str(out), *builders], env=env,
+                          capture_output=True, text=True)
     if done.returncode:
-        raise CaptureError(f"dumping the HLO of {builder} failed:\n{done.stderr.strip()[-2000:]}")
-    stated = json.loads((out / "placements.json").read_text())
-    where = f"the shardings of {builder}"
-    return JaxDump(out / "reference.hlo", out / "distributed.hlo", stated["world_size"],
+        raise CaptureError(f"dumping the HLO of {', '.join(builders)} failed:\n"
+                           f"{done.stderr.strip()[-2000:]}")
+    return [_read_dump(builder, out / str(position)) for position, builder in enumerate(builders)]
+
+
+def _read_dump(builder: str, folder: Path) -> JaxDump:
+    stated = json.loads((folder / "placements.json").read_text())
+    where = stated["specs_at"] or f"the shardings of {builder}"
+    return JaxDump(folder / "reference.hlo", folder / "distributed.hlo", stated["world_size"],
                    [placement_of(entry, where) for entry in stated["inputs"]],
                    [placement_of(entry, where) for entry in stated["outputs"]])
 
@@ -84,20 +91,22 @@ def _function(path: str):
     return getattr(importlib.import_module(module), name)
 
 
-def _write_dump(builder: str, out: Path) -> None:
-    """The child's work (JAX is imported here, after the parent set XLA_FLAGS)."""
+def _write_dump(builder: str, out: Path, xla_dumps: Path) -> None:
+    """The child's work for one builder (JAX is imported here, after the parent set XLA_FLAGS)."""
     import jax
     from jax.sharding import NamedSharding
 
+    out.mkdir()
     program = _function(builder)()
     mesh = program.mesh
     lowered = jax.jit(program.reference).lower(*program.inputs)
     (out / "reference.hlo").write_text(lowered.as_text(dialect="hlo", debug_info=True))
     in_shardings = tuple(NamedSharding(mesh, spec) for spec in program.in_specs)
     out_sharding = NamedSharding(mesh, program.out_specs)
+    before = set(xla_dumps.glob(f"*{PARTITIONED}*.txt"))
     jax.jit(program.distributed, in_shardings=in_shardings,
             out_shardings=out_sharding).lower(*program.inputs).compile()
-    dumped = sorted((out / "xla").glob(f"*{PARTITIONED}*.txt"))
+    dumped = sorted(set(xla_dumps.glob(f"*{PARTITIONED}*.txt")) - before)
     if not dumped:
         raise CaptureError(f"XLA wrote no {PARTITIONED} dump for {builder}")
     (out / "distributed.hlo").write_text(dumped[-1].read_text())
@@ -109,15 +118,12 @@ def _write_dump(builder: str, out: Path) -> None:
 
     output_shape = jax.eval_shape(program.reference, *program.inputs).shape
     (out / "placements.json").write_text(json.dumps({
-        "world_size": len(devices),
+        "world_size": len(devices), "specs_at": program.specs_at,
         "inputs": [stated(s, x.shape) for s, x in zip(in_shardings, program.inputs)],
         "outputs": [stated(out_sharding, output_shape)]}))
 
 
-def dump_to_temp(builder: str) -> JaxDump:
-    """`dump_jax` into a fresh temporary folder (kept, so that reports can cite its files)."""
-    return dump_jax(builder, tempfile.mkdtemp(prefix="scalify-jax-"))
-
-
-if __name__ == "__main__":
-    _write_dump(sys.argv[1], Path(sys.argv[2]))
+def write_dumps(folder: Path, builders: list[str]) -> None:
+    """The child's entry point: each builder's dump into `folder/<position>`."""
+    for position, name in enumerate(builders):
+        _write_dump(name, folder / str(position), folder / "xla")

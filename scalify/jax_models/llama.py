@@ -8,6 +8,7 @@ shapes: the number of heads is read from the weights, so the same code runs whol
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
@@ -25,7 +26,8 @@ Reduce = Callable[[jax.Array], jax.Array]
 @dataclass(frozen=True)
 class JaxProgram:
     """A single-device `reference` and its `distributed` version over `mesh`: a function of
-    the global arrays `inputs`, jitted with `in_specs` / `out_specs` as its shardings."""
+    the global arrays `inputs`, jitted with `in_specs` / `out_specs` as its shardings;
+    `specs_at` is the `file:line` that chose the specs (placements cite it)."""
 
     reference: Callable
     distributed: Callable
@@ -33,6 +35,7 @@ class JaxProgram:
     mesh: Mesh
     in_specs: tuple[P, ...]
     out_specs: P
+    specs_at: str = ""
 
 
 def make_mesh(shape: tuple[int, ...], names: tuple[str, ...]) -> Mesh:
@@ -107,12 +110,17 @@ MEGATRON_SPECS = (P("dp"), P(), P(), P(), P(None, "tp"), P(None, "tp"), P(None, 
 MESH_SHAPE, MESH_AXES = (2, 2), ("dp", "tp")
 
 
-def shard_map_program(local: Callable = megatron_block,
-                      in_specs: tuple[P, ...] = MEGATRON_SPECS) -> JaxProgram:
-    """`local` (a block on one device's shards) run by `shard_map` over a (dp, tp) mesh."""
+def shard_map_program(local: Callable = megatron_block, in_specs: tuple[P, ...] = MEGATRON_SPECS,
+                      check_vma: bool = True) -> JaxProgram:
+    """`local` (a block on one device's shards) run by `shard_map` over a (dp, tp) mesh; the
+    specs are cited at the line that called this. `check_vma=False` turns off JAX's own check
+    that outputs are replicated where out_specs say (it rejects a missing psum)."""
     mesh = make_mesh(MESH_SHAPE, MESH_AXES)
-    distributed = jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=P("dp"))
-    return JaxProgram(block, distributed, block_inputs(), mesh, in_specs, P("dp"))
+    distributed = jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=P("dp"),
+                                check_vma=check_vma)
+    caller = sys._getframe(1)
+    return JaxProgram(block, distributed, block_inputs(), mesh, in_specs, P("dp"),
+                      f"{caller.f_code.co_filename}:{caller.f_lineno}")
 
 
 def auto_program() -> JaxProgram:

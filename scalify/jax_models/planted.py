@@ -33,6 +33,3 @@ def wq_sharded_on_head_dim() -> JaxProgram:
     wrong = P(None, None, "tp")
     return shard_map_program(in_specs=MEGATRON_SPECS[:4] + (wrong,) + MEGATRON_SPECS[5:])  # BUG
 
-
-BUILDERS = {name: f"{__name__}:{name}"
-            for name in ("missing_psum", "psum_over_wrong_axis", "wq_sharded_on_head_dim")}

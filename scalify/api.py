@@ -19,6 +19,7 @@ from .capture.ranks import capture_ranks
 from .capture.shard_fn import ShardFn, infer_placements
 from .capture.tracer import capture
 from .config import Experiment, load_experiment
+from .errors import CaptureError
 from .engine import Executor, InlineExecutor, VerifyJob, executor_for
 from .ir.distributed import merge_ranks
 from .ir.graph import Graph
@@ -130,6 +131,11 @@ def verify(config: str | os.PathLike | dict | Experiment, *, numeric: bool | Non
     """Verify the experiment a YAML file (or dict, or loaded Experiment) describes, on `executor`
     (default: the one its `engine` section asks for)."""
     experiment = config if isinstance(config, Experiment) else load_experiment(config)
+    if experiment.hlo is not None:
+        report = _verify_hlo_experiment(
+            experiment, numeric=experiment.verify.numeric if numeric is None else numeric,
+            progress=progress, executor=executor or executor_for(experiment.engine))
+        return _finish(report, experiment)
     programs = programs_for(experiment)
     report = verify_modules(
         programs.reference, programs.rank, experiment.world_size(), programs.inputs,
@@ -143,12 +149,29 @@ def verify(config: str | os.PathLike | dict | Experiment, *, numeric: bool | Non
                               fused_ops=programs.fused_ops),
         executor=executor or executor_for(experiment.engine), grad=programs.grad,
         shard_fn=programs.shard_fn)
+    return _finish(report, experiment)
+
+
+def _finish(report: Report, experiment: Experiment) -> Report:
+    """The report with its config, logged to MLflow when the experiment asks."""
     report.config = experiment.to_dict()
     if experiment.tracking.enabled:
         from .tracking import log_run
 
         report.stats["mlflow_run_id"] = log_run(report, experiment.tracking)
     return report
+
+
+def _verify_hlo_experiment(experiment: Experiment, **options: Any) -> Report:
+    """An experiment's `hlo` section: its HLO files, or its JAX builder's dump."""
+    hlo, checks = experiment.hlo, experiment.verify
+    options |= {"name": experiment.name, "options": VerifyOptions(
+        narrow_first=True, congruence=True, window_depth=checks.window_depth, memo=checks.memo,
+        memo_store=checks.memo_store, rank_symmetry=checks.rank_symmetry)}
+    outputs = list(hlo.outputs) if hlo.outputs else None
+    if hlo.jax is None:
+        return verify_hlo(hlo.reference, hlo.distributed, hlo.world_size, outputs, **options)
+    return verify_jax(hlo.jax, world_size=hlo.world_size, **options)
 
 
 def _named(example_inputs: dict[str, torch.Tensor] | tuple) -> dict[str, torch.Tensor]:
@@ -215,15 +238,18 @@ def verify_hlo(reference_path: str | os.PathLike, distributed_path: str | os.Pat
                          progress=progress, executor=executor, timings=timings, started=start)
 
 
-def verify_jax(builder: str, *, numeric: bool = False, name: str | None = None,
-               progress: Progress = _quiet, options: VerifyOptions | None = None,
-               executor: Executor | None = None) -> Report:
+def verify_jax(builder: str, *, world_size: int | None = None, numeric: bool = False,
+               name: str | None = None, progress: Progress = _quiet,
+               options: VerifyOptions | None = None, executor: Executor | None = None) -> Report:
     """Prove that a JAX program's distributed version computes what its reference computes:
     `builder` ("module.path:function") returns a `JaxProgram`; both are dumped as HLO in a child
-    process (capture/jax_dump.py) and verified with the placements their shardings state."""
+    process (capture/jax_dump.py) and verified with the placements their shardings state.
+    `world_size`, when given, must be the number of devices the program's mesh has."""
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="scalify-jax-") as folder:
         (dump,) = dump_jax([builder], folder)
+        if world_size is not None and dump.world_size != world_size:
+            raise CaptureError(f"{builder} runs on {dump.world_size} devices, not {world_size}")
         return verify_dump(dump, numeric=numeric, name=name or builder, progress=progress,
                            options=options, executor=executor,
                            dumped_s=time.perf_counter() - start)

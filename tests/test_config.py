@@ -161,7 +161,7 @@ X = "configs/experiments/x.yaml"
             MINIMAL + "verify: {numerik: true}\n",
             f"{X}: verify.numerik: unknown key (expected one of: backward, loss, memo, memo_store, numeric, rank_symmetry, window_depth)",
         ),
-        (MINIMAL + "verfy: {}\n", f"{X}: verfy: unknown key (expected one of: engine, hardware, inputs,"),
+        (MINIMAL + "verfy: {}\n", f"{X}: verfy: unknown key (expected one of: engine, hardware, hlo, inputs,"),
         (MINIMAL + "engine: {kind: spark}\n", f"{X}: engine.kind: expected one of: auto, inline, ray, got 'spark'"),
         (MINIMAL + "engine: {actors: 0}\n", f"{X}: engine.actors: expected a positive integer, got 0"),
         (MINIMAL + "inputs: [1, 16]\n", f"{X}: inputs: expected a mapping, got [1, 16]"),

@@ -2,28 +2,30 @@
 from shardings and written by hand with `shard_map`, verifies against the single-device block;
 three planted bugs are caught and reported at the line that plants them.
 
-The HLO is dumped once, by one child process (XLA's flags are read when JAX starts, so JAX never
-starts in the test process)."""
+The HLO is dumped by child processes (XLA's flags are read when JAX starts, so JAX never starts
+in the test process): once for every builder here, once more through the shipped config."""
 from pathlib import Path
 
 import pytest
 import torch
 
+import scalify
 from scalify.api import verify_dump
 from scalify.capture.hlo import read_hlo
 from scalify.capture.jax_dump import dump_jax
+from scalify.config import REPO_CONFIGS
 from scalify.jax_models import planted
 from scalify.placements import Replicate, Shard
 from scalify.verify.numeric import run_graph
 
-CORRECT = ["scalify.jax_models.llama:shard_map_program", "scalify.jax_models.llama:auto_program"]
+AUTO = "scalify.jax_models.llama:auto_program"
 BUGS = ["missing_psum", "psum_over_wrong_axis", "wq_sharded_on_head_dim"]
 PLANTED = Path(planted.__file__)
 
 
 @pytest.fixture(scope="module")
 def dumps(tmp_path_factory):
-    builders = CORRECT + [f"scalify.jax_models.planted:{bug}" for bug in BUGS]
+    builders = [AUTO] + [f"scalify.jax_models.planted:{bug}" for bug in BUGS]
     return dict(zip(builders, dump_jax(builders, tmp_path_factory.mktemp("jax"))))
 
 
@@ -34,7 +36,7 @@ def _bug_lines() -> dict[str, int]:
 
 
 def test_shardings_give_the_placements(dumps):
-    dump = dumps[CORRECT[0]]
+    dump = dumps[AUTO]
     assert dump.world_size == 4
     x, cos, wq, wo = dump.inputs[0], dump.inputs[1], dump.inputs[4], dump.inputs[7]
     assert x == Shard(0, chunk_of_rank=(0, 0, 1, 1))  # the batch over dp, replicated over tp
@@ -43,18 +45,23 @@ def test_shardings_give_the_placements(dumps):
     assert dump.outputs == [Shard(0, chunk_of_rank=(0, 0, 1, 1))]
 
 
-@pytest.mark.parametrize("builder", CORRECT, ids=["shard_map", "auto_partitioned"])
-def test_tensor_parallel_block_verifies_and_the_numbers_agree(dumps, builder):
-    report = verify_dump(dumps[builder], numeric=True)
+def test_auto_partitioned_block_verifies_and_the_numbers_agree(dumps):
+    report = verify_dump(dumps[AUTO], numeric=True)
     assert report.verdict == "verified", [(d.ref_source, d.hint) for d in report.discrepancies]
     assert report.numeric["agrees"]
 
 
+def test_shard_map_block_verifies_from_its_config():
+    report = scalify.verify(REPO_CONFIGS / "experiments" / "jax-llama-block-tp2.yaml")
+    assert report.verdict == "verified", [(d.ref_source, d.hint) for d in report.discrepancies]
+    assert report.stats["world_size"] == 4
+
+
 def test_source_locations_come_from_the_stack_frame_tables(dumps):
-    graph = read_hlo(dumps[CORRECT[0]].distributed.read_text(), 0, 4)
-    reduce = next(node for node in graph if node.op == "all_reduce")
+    graph = read_hlo(dumps["scalify.jax_models.planted:missing_psum"].distributed.read_text(), 0, 4)
+    reduce = next(node for node in graph if node.op == "all_reduce")  # attention's psum
     assert reduce.source.file.endswith("scalify/jax_models/llama.py")
-    assert any("llama.py" in caller for caller in reduce.source.callers)  # block() called it
+    assert f"{PLANTED}:{_bug_lines()['missing_psum'] - 1}" in reduce.source.callers
 
 
 @pytest.mark.parametrize("bug", BUGS[:2])

@@ -427,7 +427,8 @@ def _check_tensor_parallel(hardware: HardwareSpec, degree: int, at: _Where) -> N
 def _hlo_file(value: Any, where: _Where, root: Path) -> str:
     path = root / _text(value, where)
     if not path.is_file():
-        raise where.error(f"no such HLO file {_display(path)!r} (paths are relative to {_display(root)})")
+        raise where.error(f"no such HLO file {_display(path)!r} (paths are relative to the "
+                          f"repository, {root.resolve()})")
     return str(path.resolve())
 
 

@@ -409,10 +409,10 @@ def _check_devices(hardware: HardwareSpec, world: int, fields: Located, what: st
 
 def _degrees(plan: PlanSpec) -> str:
     """The plan's parallel degrees, as shown in messages."""
-    extra = [(name, getattr(plan, name)) for name in
-             ("expert_parallel", "pipeline_parallel", "context_parallel") if getattr(plan, name) > 1]
-    degrees = [("tensor_parallel", plan.tensor_parallel), ("data_parallel", plan.data_parallel), *extra]
-    return "(" + ", ".join(f"{name}={value}" for name, value in degrees) + ")"
+    optional = ("expert_parallel", "pipeline_parallel", "context_parallel")
+    names = ("tensor_parallel", "data_parallel",
+             *(name for name in optional if getattr(plan, name) > 1))
+    return "(" + ", ".join(f"{name}={getattr(plan, name)}" for name in names) + ")"
 
 
 def _check_tensor_parallel(hardware: HardwareSpec, degree: int, at: _Where) -> None:

@@ -1,9 +1,9 @@
 """Dumps a JAX program's HLO: the single-device reference and the per-device SPMD program.
 
 XLA reads its flags (host device count, dump folder) once, when JAX first initialises, so the
-dump runs in a child process (`write_dumps`) and never
-disturbs the caller's JAX or torch. BUILDER is `module.path:function`, a function of no
-arguments returning a `JaxProgram` (scalify/jax_models/llama.py). The child writes:
+dump runs in a child process (`write_dumps`) and never disturbs the caller's JAX or torch. A
+builder is `module.path:function`, a function of no arguments returning a `JaxProgram`
+(scalify/jax_models/llama.py). For each builder the child writes:
 
 - `reference.hlo`: `jit(reference)` lowered on one device, with its stack-frame tables;
 - `distributed.hlo`: `jit(distributed)` with the program's shardings, after XLA's SPMD
@@ -55,11 +55,12 @@ def placement_json(indices: list[tuple[slice, ...]], shape: tuple[int, ...]) -> 
 
 
 def placement_of(entry: dict, where: str) -> Placement:
+    """The placement `placement_json` describes, declared at `where`."""
     if entry["dim"] is None:
         return Replicate(declared_at=where)
     chunks = tuple(entry["chunks"])
-    return Shard(entry["dim"], chunk_of_rank=None if chunks == tuple(range(len(chunks))) else chunks,
-                 declared_at=where)
+    by_rank = chunks != tuple(range(len(chunks)))  # else the default: rank r holds chunk r
+    return Shard(entry["dim"], chunk_of_rank=chunks if by_rank else None, declared_at=where)
 
 
 def dump_jax(builders: list[str], out: str | os.PathLike) -> list[JaxDump]:
@@ -67,9 +68,11 @@ def dump_jax(builders: list[str], out: str | os.PathLike) -> list[JaxDump]:
     into its folder `out/<position>`."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    package_root = str(Path(__file__).resolve().parents[2])  # the child imports this scalify
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=(
         f"--xla_force_host_platform_device_count={HOST_DEVICES} --xla_dump_to={out / 'xla'} "
-        "--xla_dump_hlo_pass_re=spmd-partitioning"))
+        "--xla_dump_hlo_pass_re=spmd-partitioning"),
+        PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])))
     done = subprocess.run([sys.executable, "-c", _CHILD, str(out), *builders], env=env,
                           capture_output=True, text=True)
     if done.returncode:

@@ -19,8 +19,8 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 BATCH, SEQ, HIDDEN, HEADS, HEAD_DIM, FFN = 2, 8, 16, 4, 4, 32
 EPS = 1e-5
-WEIGHTS = ("norm1", "wq", "wk", "wv", "wo", "norm2", "w_gate", "w_up", "w_down")
-Reduce = Callable[[jax.Array], jax.Array]
+A = jax.Array
+Reduce = Callable[[A], A]
 
 
 @dataclass(frozen=True)
@@ -41,11 +41,13 @@ class JaxProgram:
 def make_mesh(shape: tuple[int, ...], names: tuple[str, ...]) -> Mesh:
     """A mesh of the first devices in id order, so that partition i is device i."""
     count = int(np.prod(shape))
+    if count > len(jax.devices()):
+        raise ValueError(f"a mesh of {count} devices, but JAX has {len(jax.devices())}")
     return Mesh(np.array(jax.devices()[:count]).reshape(shape), names)
 
 
 def block_inputs() -> tuple[jax.ShapeDtypeStruct, ...]:
-    """x, the rotary tables cos and sin, then the weights in WEIGHTS order."""
+    """x, the rotary tables cos and sin, then the weights in `block`'s order."""
     shapes = [(BATCH, SEQ, HIDDEN), (SEQ, HEAD_DIM), (SEQ, HEAD_DIM), (HIDDEN,),
               (HIDDEN, HEADS, HEAD_DIM), (HIDDEN, HEADS, HEAD_DIM), (HIDDEN, HEADS, HEAD_DIM),
               (HEADS, HEAD_DIM, HIDDEN), (HIDDEN,), (HIDDEN, FFN), (HIDDEN, FFN), (FFN, HIDDEN)]
@@ -87,8 +89,8 @@ def mlp(h: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array) -> 
     return (jax.nn.silu(h @ w_gate) * (h @ w_up)) @ w_down
 
 
-def block(x, cos, sin, norm1, wq, wk, wv, wo, norm2, w_gate, w_up, w_down, *,
-          reduce: Reduce = lambda t: t) -> jax.Array:
+def block(x: A, cos: A, sin: A, norm1: A, wq: A, wk: A, wv: A, wo: A, norm2: A, w_gate: A,
+          w_up: A, w_down: A, *, reduce: Reduce = lambda t: t) -> A:
     """One decoder block; `reduce` completes the sublayers' partial sums (identity whole)."""
     x = x + reduce(attention(rms_norm(x, norm1), cos, sin, wq, wk, wv, wo))
     return x + reduce(mlp(rms_norm(x, norm2), w_gate, w_up, w_down))

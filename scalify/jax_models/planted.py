@@ -6,16 +6,18 @@ from __future__ import annotations
 import jax
 from jax.sharding import PartitionSpec as P
 
-from .llama import (MEGATRON_SPECS, JaxProgram, attention, mlp, psum_tp, rms_norm,
+from .llama import (MEGATRON_SPECS, A, JaxProgram, attention, mlp, psum_tp, rms_norm,
                     shard_map_program)
 
 
-def _without_mlp_psum(x, cos, sin, norm1, wq, wk, wv, wo, norm2, w_gate, w_up, w_down):
+def _without_mlp_psum(x: A, cos: A, sin: A, norm1: A, wq: A, wk: A, wv: A, wo: A, norm2: A,
+                      w_gate: A, w_up: A, w_down: A) -> A:
     x = x + psum_tp(attention(rms_norm(x, norm1), cos, sin, wq, wk, wv, wo))
     return x + mlp(rms_norm(x, norm2), w_gate, w_up, w_down)  # BUG: the partial sum is not reduced
 
 
-def _mlp_psum_over_dp(x, cos, sin, norm1, wq, wk, wv, wo, norm2, w_gate, w_up, w_down):
+def _mlp_psum_over_dp(x: A, cos: A, sin: A, norm1: A, wq: A, wk: A, wv: A, wo: A, norm2: A,
+                      w_gate: A, w_up: A, w_down: A) -> A:
     x = x + psum_tp(attention(rms_norm(x, norm1), cos, sin, wq, wk, wv, wo))
     return x + jax.lax.psum(mlp(rms_norm(x, norm2), w_gate, w_up, w_down), "dp")  # BUG: not "tp"
 

@@ -21,7 +21,7 @@ def row(tp: int, layers: int) -> str:
     report = scalify.verify(config)
     wall = time.perf_counter() - start
     t, peer = report.timings, PEER_SECONDS.get((tp, layers))
-    return (f"| TP={tp} | {layers} | {report.verdict} | {t['capture_s']:.2f} | "
+    return (f"| {tp} | {layers} | {report.verdict} | {t['capture_s']:.2f} | "
             f"{t['verify_s']:.2f} | {wall:.2f} | {f'{peer} s' if peer else '-'} |")
 
 

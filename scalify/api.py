@@ -13,14 +13,14 @@ from torch import nn
 from .capture.hlo import lower_module
 from .capture.hlo_relations import (infer_output_placements, infer_placements as infer_hlo_placements,
                                     match_inputs, rename_inputs)
-from .capture.hlo_text import parse_module
+from .capture.hlo_text import HloModule, parse_module
 from .capture.jax_dump import JaxDump, dump_jax
 from .capture.ranks import capture_ranks
 from .capture.shard_fn import ShardFn, infer_placements
 from .capture.tracer import capture
 from .config import Experiment, load_experiment
-from .errors import CaptureError
 from .engine import Executor, InlineExecutor, VerifyJob, executor_for
+from .errors import CaptureError, ShapeError
 from .ir.distributed import merge_ranks
 from .ir.graph import Graph
 from .ir.symmetry import symbolic_program
@@ -227,8 +227,7 @@ def verify_hlo(reference_path: str | os.PathLike, distributed_path: str | os.Pat
                    for device in range(world_size)]
     timings = {"capture_s": time.perf_counter() - start}
     start = time.perf_counter()
-    placements = (dict(zip([p.name for p in reference.entry_computation.parameters()],
-                           input_placements)) if input_placements is not None
+    placements = (_by_parameter(reference, input_placements) if input_placements is not None
                   else infer_hlo_placements(ref_graph, rank_graphs[0], world_size))
     outputs = output_placements or infer_output_placements(ref_graph, rank_graphs[0], world_size)
     return verify_graphs(ref_graph, rank_graphs, placements, outputs, numeric=numeric,
@@ -236,6 +235,14 @@ def verify_hlo(reference_path: str | os.PathLike, distributed_path: str | os.Pat
                          name=name or f"{Path(reference_path).parent.name} vs "
                                       f"{Path(distributed_path).parent.name}",
                          progress=progress, executor=executor, timings=timings, started=start)
+
+
+def _by_parameter(module: HloModule, placements: list[Placement]) -> dict[str, Placement]:
+    """Placements stated in parameter order, keyed by the module's parameter names."""
+    names = [parameter.name for parameter in module.entry_computation.parameters()]
+    if len(names) != len(placements):
+        raise ShapeError(f"{len(placements)} input placements for {len(names)} parameters")
+    return dict(zip(names, placements))
 
 
 def verify_jax(builder: str, *, world_size: int | None = None, numeric: bool = False,

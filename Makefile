@@ -32,6 +32,7 @@ browser:
 
 bench: venv
 	$(VENV)/bin/python benchmarks/run.py
+	$(VENV)/bin/python benchmarks/neuronx.py
 
 clean:
 	rm -rf reports build .pytest_cache *.egg-info

@@ -13,6 +13,7 @@ builder is `module.path:function`, a function of no arguments returning a `JaxPr
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -20,7 +21,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import CaptureError
+from ..errors import CaptureError, ConfigError
 from ..placements import Placement, Replicate, Shard
 
 HOST_DEVICES = 8
@@ -66,6 +67,8 @@ def placement_of(entry: dict, where: str) -> Placement:
 def dump_jax(builders: list[str], out: str | os.PathLike) -> list[JaxDump]:
     """Run the builders in one child process (JAX starts once) and read back what each dumped
     into its folder `out/<position>`."""
+    if importlib.util.find_spec("jax") is None:
+        raise ConfigError("JAX builders need JAX: pip install 'scalify[jax]'")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     package_root = str(Path(__file__).resolve().parents[2])  # the child imports this scalify

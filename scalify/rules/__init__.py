@@ -1,6 +1,7 @@
 """Rewrite rules, generated from op traits and grouped by theory, and the egglog program they make."""
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import replace
 
 from . import context, elementwise, embedding, matmul, movement, ranks, reduction, rows
@@ -23,17 +24,23 @@ def rank_rules() -> list[Rule]:
     return [replace(rule, world=ranks.WORLD) for rule in ranks.rules()]
 
 
-def prelude() -> str:
-    """Declarations, trait facts and every rule, as one egglog program."""
+OPTIONAL_RULESETS = (PER_RANK_RULESET, ranks.RULESET, context.RULESET)
+
+
+def prelude(rulesets: Collection[str] = OPTIONAL_RULESETS) -> str:
+    """Declarations, trait facts and the rules (the lemmas and those of the optional
+    `rulesets`: loading a ruleset's rules costs time even where it never runs), as one egglog
+    program."""
     relations = "\n".join(f"(relation {name} (String))" for name in sorted(FACTS))
     facts = "\n".join(f"({name} {render(member)})" for name, members in sorted(FACTS.items())
                       for member in sorted(members))
-    rules = "\n".join(rule.egglog(RULESET) for theory in THEORIES for rule in theory.rules())
-    per_rank = "\n".join(rule.egglog(PER_RANK_RULESET) for rule in movement.per_rank_rules())
-    family_rules = "\n".join(rule.egglog(ranks.RULESET) for rule in rank_rules())
-    block_rules = "\n".join(rule.egglog(context.RULESET) for rule in context.rules())
+    rules = [rule.egglog(RULESET) for theory in THEORIES for rule in theory.rules()]
+    optional = {PER_RANK_RULESET: [rule.egglog(PER_RANK_RULESET) for rule in movement.per_rank_rules()],
+                ranks.RULESET: [rule.egglog(ranks.RULESET) for rule in rank_rules()] + ranks.fact_rules(),
+                context.RULESET: [rule.egglog(context.RULESET) for rule in context.rules()]}
     probe = "(rule ((target t k) (= t (dist n))) ((same k n)) :ruleset probe)"
-    rulesets = [f"(ruleset {name})" for name in
-                (RULESET, "probe", "window", ranks.RULESET, PER_RANK_RULESET, context.RULESET)]
-    return "\n".join([DECLARATIONS, relations, *rulesets, facts, rules, per_rank, family_rules,
-                      block_rules, *ranks.fact_rules(), *movement.FACT_RULES, probe])
+    declared = [f"(ruleset {name})" for name in (RULESET, "probe", "window", *OPTIONAL_RULESETS)]
+    return "\n".join([DECLARATIONS, relations, *declared, facts, *rules,
+                      *(line for name in OPTIONAL_RULESETS if name in rulesets
+                        for line in optional[name]),
+                      *movement.FACT_RULES, probe])

@@ -72,10 +72,9 @@ class EgglogSession:
         self.largest_egraph = 0  # e-nodes of the largest saturated window (prelude included)
         self._egraph = self._fresh()
 
-    @staticmethod
-    def _fresh() -> bindings.EGraph:
+    def _fresh(self) -> bindings.EGraph:
         egraph = bindings.EGraph()
-        egraph.run_program(*egraph.parse_program(prelude()))
+        egraph.run_program(*egraph.parse_program(prelude(self.rulesets)))
         return egraph
 
     def saturate(self, program: str) -> Outcome:

@@ -20,8 +20,11 @@ def contraction_rate(distances: np.ndarray) -> float:
 
 def rework_bound(rate: float, perturbation: float, initial_distance: float,
                  iteration: int) -> float:
-    """The bound on extra iterations for a perturbation of norm `perturbation` at `iteration`."""
+    """The bound on extra iterations for a perturbation of norm `perturbation` at `iteration`;
+    infinite when the run showed no linear rate (c >= 1)."""
     if perturbation == 0.0:
         return 0.0
+    if rate >= 1.0:
+        return math.inf
     exponent = -iteration * math.log(rate) + math.log(perturbation / initial_distance)
     return float(np.logaddexp(0.0, exponent) / -math.log(rate))

@@ -3,11 +3,14 @@
 A clean reference run sets the loss threshold and the iteration it is first reached. A failure
 at iteration T loses one server shard (before the checkpoint due at T is taken); the strategy
 recovers from its checkpoint store, the run goes on from T, and the rework cost is the
-iterations to the threshold beyond the reference's. The algorithm runs in this process (NumPy),
+iterations to the threshold beyond the reference's, interpolating the loss linearly between
+the two iterations around the threshold (so a perturbation worth a fraction of an iteration is
+not rounded up to a whole one). The algorithm runs in this process (NumPy),
 with the same store and strategies the Ray parameter server uses.
 """
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,12 +27,13 @@ from .workloads import State, Workload
 @dataclass(frozen=True)
 class Reference:
     """A clean run: its states (iterations 0..horizon), losses, the threshold (the loss at the
-    target iteration), the first iteration that reaches it, and its measured linear rate."""
+    target iteration), the (fractional) iteration it is first reached at, and its measured
+    linear rate."""
 
     states: list[State]
     losses: np.ndarray
     threshold: float
-    reached: int
+    reached: float
     rate: float
     initial_distance: float
 
@@ -42,12 +46,12 @@ class Failure:
 
 @dataclass(frozen=True)
 class Trial:
-    """One failure recovered by one strategy."""
+    """One failure recovered by one strategy; `rework` in (fractional) iterations."""
 
     workload: str
     strategy: str
     failure: Failure
-    rework: int
+    rework: float
     perturbation: float
     bound: float
 
@@ -60,28 +64,44 @@ def reference_run(workload: Workload, target: int, horizon: int) -> Reference:
         states.append(workload.step(states[-1], iteration))
     losses = np.array([workload.loss(state) for state in states])
     threshold = float(losses[target])
-    reached = int(np.argmax(losses <= threshold))
+    reached = crossing(losses, threshold)
     optimum = states[-1].params
-    distances = np.array([np.linalg.norm(s.params - optimum) for s in states[:reached + 1]])
+    distances = np.array([np.linalg.norm(s.params - optimum)
+                          for s in states[:math.ceil(reached) + 1]])
     return Reference(states, losses, threshold, reached, contraction_rate(distances),
                      float(distances[0]))
 
 
+def crossing(losses: list[float] | np.ndarray, threshold: float, start: int = 0) -> float:
+    """The (fractional) iteration at which `losses`, the losses of iterations start, start+1,
+    ..., first reach `threshold`, interpolating linearly between the two around it."""
+    hit = int(np.argmax(np.asarray(losses) <= threshold))
+    if hit == 0:
+        return float(start)
+    before, after = losses[hit - 1], losses[hit]
+    return start + hit - 1 + (before - threshold) / (before - after)
+
+
 def iterations_to_threshold(workload: Workload, state: State, start: int, threshold: float,
-                            limit: int) -> int:
-    """The first iteration, from `start` on, whose loss is at most `threshold` (or `limit`)."""
+                            limit: int) -> float:
+    """The (fractional) iteration, from `start` on, at which the run from `state` reaches
+    `threshold`; `limit` when it has not by then."""
+    losses = [workload.loss(state)]
     iteration = start
-    while workload.loss(state) > threshold and iteration < limit:
+    while losses[-1] > threshold:
+        if iteration == limit:
+            return float(limit)
         state = workload.step(state, iteration)
+        losses.append(workload.loss(state))
         iteration += 1
-    return iteration
+    return crossing(losses, threshold, start)
 
 
 def random_failures(reference: Reference, shards: int, count: int, seed: int) -> list[Failure]:
     """`count` failures at iterations drawn before the threshold is reached, each losing a
     shard drawn at random."""
     rng = np.random.default_rng(seed)
-    iterations = rng.integers(1, reference.reached, count)
+    iterations = rng.integers(1, math.ceil(reference.reached), count)
     return [Failure(int(t), int(s)) for t, s in zip(iterations, rng.integers(0, shards, count))]
 
 

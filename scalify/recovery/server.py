@@ -5,6 +5,7 @@ the driver applies the strategy's recovery to the rest (nothing for partial reco
 rollback for the traditional strategy)."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -12,6 +13,7 @@ from typing import Callable
 import numpy as np
 import ray
 
+from .harness import Failure, crossing
 from .layout import Layout
 from .shard import ParameterShard, UpdateWorker
 from .store import CheckpointStore
@@ -65,9 +67,10 @@ class ParameterServer:
         """The parameter vector pulled from the shards, after recovering any restarted shard."""
         params = np.empty(self.layout.size)
         pulled = ray.get([shard.pull.remote() for shard in self.shards])
-        for shard, (blocks, restarted) in enumerate(pulled):
+        for blocks, _ in pulled:
             for block, values in blocks.items():
                 params[self.layout.slices[block]] = values
+        for shard, (_, restarted) in enumerate(pulled):
             if restarted:
                 self.restarts.append(Restart(iteration, shard))
                 params = self._recover(params, shard)
@@ -82,6 +85,28 @@ class ParameterServer:
 
     def loss(self, iteration: int) -> float:
         return ray.get(self.worker.loss.remote(self.params(iteration)))
+
+    def kill(self, shard: int) -> None:
+        """Inject a failure: kill a shard's actor and wait until Ray has restarted it (a call
+        made just after `ray.kill` may still reach the old process)."""
+        actor = self.shards[shard]
+        old = ray.get(actor.process.remote())
+        ray.kill(actor, no_restart=False)
+        while ray.get(actor.process.remote()) == old:
+            time.sleep(0.01)
+
+    def train(self, threshold: float, limit: int, failure: Failure | None = None) -> float:
+        """Iterate until the loss reaches `threshold` (or `limit` iterations), killing the
+        failure's shard after its iteration; returns the (fractional) iteration it was reached."""
+        losses = []
+        for iteration in range(limit + 1):
+            if failure is not None and iteration == failure.iteration:
+                self.kill(failure.lost_shard)
+            losses.append(self.loss(iteration))
+            if losses[-1] <= threshold or iteration == limit:
+                break
+            self.step(iteration)
+        return crossing(losses, threshold) if losses[-1] <= threshold else float(limit)
 
     def close(self) -> None:
         for actor in [*self.shards, self.worker]:

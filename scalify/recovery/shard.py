@@ -1,6 +1,7 @@
 """The plain classes behind the parameter server's Ray actors: a server shard and a worker."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Callable
 
@@ -32,6 +33,10 @@ class ParameterShard:
         """Add a worker's update."""
         for block, delta in deltas.items():
             self.blocks[block] += delta
+
+    def process(self) -> int:
+        """The id of the process holding this shard (a restart changes it)."""
+        return os.getpid()
 
     def restore(self) -> None:
         """Reload every block this shard holds from its last checkpoint."""

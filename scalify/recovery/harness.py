@@ -5,8 +5,8 @@ at iteration T loses one server shard (before the checkpoint due at T is taken);
 recovers from its checkpoint store, the run goes on from T, and the rework cost is the
 iterations to the threshold beyond the reference's, interpolating the loss linearly between
 the two iterations around the threshold (so a perturbation worth a fraction of an iteration is
-not rounded up to a whole one). The algorithm runs in this process (NumPy),
-with the same store and strategies the Ray parameter server uses.
+not rounded up to a whole one). The algorithm runs in this process (NumPy), with the same
+store and strategies the Ray parameter server uses.
 """
 from __future__ import annotations
 
@@ -40,6 +40,8 @@ class Reference:
 
 @dataclass(frozen=True)
 class Failure:
+    """A server shard lost after `iteration`."""
+
     iteration: int
     lost_shard: int
 

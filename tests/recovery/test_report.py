@@ -16,8 +16,8 @@ def test_summaries_compare_each_strategy_with_traditional():
     assert (traditional.rework, traditional.stderr) == (5.0, 1.0)
     assert partial.reduction == pytest.approx(0.9)
     rows = markdown_table([traditional, partial])
-    assert rows[2] == "| mlr | traditional | 2 | 5.00 ± 1.00 |  | 1.00 | 0.5 |"
-    assert rows[3] == "| mlr | partial | 2 | 0.50 ± 0.00 | 90% | none (c >= 1) | 0.5 |"
+    assert rows[2] == "| mlr | traditional | 2 | 5.00 ± 1.00 |  | 1.00 | 0% | 0.5 |"
+    assert rows[3] == "| mlr | partial | 2 | 0.50 ± 0.00 | 90% | none (c >= 1) | - | 0.5 |"
 
 
 def test_the_section_replaces_only_its_own_text():

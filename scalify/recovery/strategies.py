@@ -16,28 +16,28 @@ import numpy as np
 from .layout import Layout
 from .store import CheckpointStore, array_bytes, bytes_array
 
-# (change of each block since its last save, how many to pick, iteration) -> blocks to save
+# (change of each block since its last save, how many to pick, the save's number) -> blocks
 Selector = Callable[[np.ndarray, int, int], list[int]]
 
 
-def every_block(changes: np.ndarray, count: int, iteration: int) -> list[int]:
+def every_block(changes: np.ndarray, count: int, turn: int) -> list[int]:
     return list(range(len(changes)))
 
 
-def largest_change(changes: np.ndarray, count: int, iteration: int) -> list[int]:
+def largest_change(changes: np.ndarray, count: int, turn: int) -> list[int]:
     return sorted(np.argsort(-changes, kind="stable")[:count].tolist())
 
 
-def round_robin(changes: np.ndarray, count: int, iteration: int) -> list[int]:
-    """The next `count` blocks in turn (the turn advances by `count` at each save)."""
-    start = (iteration * count) % len(changes)
+def round_robin(changes: np.ndarray, count: int, turn: int) -> list[int]:
+    """The next `count` blocks in turn."""
+    start = (turn * count) % len(changes)
     return sorted((start + i) % len(changes) for i in range(count))
 
 
 def random_blocks(seed: int) -> Selector:
-    """`count` blocks drawn at random, reproducibly from `seed` and the iteration."""
-    def select(changes: np.ndarray, count: int, iteration: int) -> list[int]:
-        chosen = np.random.default_rng((seed, iteration)).choice(len(changes), count, False)
+    """`count` blocks drawn at random, reproducibly from `seed` and the save's number."""
+    def select(changes: np.ndarray, count: int, turn: int) -> list[int]:
+        chosen = np.random.default_rng((seed, turn)).choice(len(changes), count, False)
         return sorted(chosen.tolist())
     return select
 

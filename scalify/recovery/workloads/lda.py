@@ -31,6 +31,9 @@ def lee_corpus() -> list[list[str]]:
 
 @dataclass
 class GibbsLDA:
+    """LDA with `topics` topics over the `vocabulary` most frequent words; the parameters are
+    the (words x topics) counts, word by word."""
+
     topics: int = 10
     vocabulary: int = 1000
     alpha: float = 0.1
@@ -55,13 +58,17 @@ class GibbsLDA:
         return State(self._word_topic(assignments), assignments)
 
     def step(self, state: State, iteration: int) -> State:
+        """Resample every token's topic from the counts less its own (clipped at zero, as a
+        recovered count table may disagree with the assignments)."""
         assignments = state.local
+        counts = state.params.reshape(-1, self.topics)
         own = np.zeros((len(assignments), self.topics))
         own[np.arange(len(assignments)), assignments] = 1.0
-        word_topic = np.maximum(state.params.reshape(-1, self.topics)[self.words] - own, 0.0)
-        topic_totals = np.maximum(state.params.reshape(-1, self.topics).sum(0) - own, 0.0)
+        word_topic = np.maximum(counts[self.words] - own, 0.0)
+        topic_totals = np.maximum(counts.sum(axis=0) - own, 0.0)
+        vocabulary = len(counts)
         weights = ((self._document_topic(assignments)[self.documents] - own + self.alpha)
-                   * (word_topic + self.beta) / (topic_totals + self.beta * self.size / self.topics))
+                   * (word_topic + self.beta) / (topic_totals + self.beta * vocabulary))
         cumulative = np.cumsum(weights, axis=1)
         draws = np.random.default_rng((self.seed, iteration)).random(len(assignments))
         resampled = (cumulative < (draws * cumulative[:, -1])[:, None]).sum(axis=1)

@@ -32,8 +32,9 @@ browser:
 
 bench: venv
 	$(VENV)/bin/python benchmarks/run.py
+	$(VENV)/bin/python benchmarks/neuronx.py
 
-# SCAR fault tolerance: rework cost of each recovery strategy (about 4 minutes; ARGS=--quick
+# SCAR fault tolerance: rework cost of each recovery strategy (about 2 minutes; ARGS=--quick
 # for a short run). One BLAS thread: the iterations are small and the cores are shared.
 bench-scar: venv
 	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 $(VENV)/bin/python benchmarks/scar.py $(ARGS)

@@ -1,17 +1,16 @@
 """End-to-end benchmarks: capture + verify Llama-3.1 8B and 405B at TP=8, verify cost by layers
-and TP degree, capture speed against torch.export; writes RESULTS.md."""
+and TP degree, capture speed against torch.export; writes its section of RESULTS.md."""
 from __future__ import annotations
 
 import platform
 import resource
 import time
-from pathlib import Path
 
 import torch
 
 import scalify
+from results import write_section
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
 CASES = [
     ("Llama-3.1-8B, 32 layers, TP=8", "configs/experiments/llama-3.1-8b-tp8.yaml"),
     ("Llama-3.1-405B, 126 layers, TP=8", "configs/experiments/llama-3.1-405b-tp8.yaml"),
@@ -102,8 +101,7 @@ def main() -> None:
     print(speed, flush=True)
     peak_gb = max(resource.getrusage(who).ru_maxrss
                   for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) / 1024 ** 2
-    RESULTS.write_text("\n".join([
-        "# Benchmark results", "",
+    write_section("torch", "\n".join([
         f"Machine: {platform.machine()}, {platform.python_version()}, 2 cores; "
         f"peak RSS of any one process {peak_gb:.2f} GB (ranks are captured in two processes). "
         "Command: `make bench`.", "",

@@ -13,16 +13,16 @@ from pathlib import Path
 
 import ray
 
+from results import RESULTS, write_section
 from scalify.engine.cluster import LOCAL_TEMP_DIR
 from scalify.recovery.harness import Failure, random_failures, reference_run, run_trials
 from scalify.recovery.layout import Layout
-from scalify.recovery.report import markdown_table, replace_section, summarize
+from scalify.recovery.report import markdown_table, summarize
 from scalify.recovery.server import ParameterServer
 from scalify.recovery.strategies import strategies
 from scalify.recovery.tracking import log_trials
 from scalify.recovery.workloads import WORKLOADS, LogisticRegression
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
 BLOCKS, SHARDS, PERIOD, FRACTION = 32, 8, 8, 0.25
 
 
@@ -116,8 +116,7 @@ def main() -> None:
         lines += ["", f"End to end on Ray (MLR, shard {RAY_FAILURE.lost_shard} killed with "
                   f"`ray.kill(actor, no_restart=False)` after iteration {RAY_FAILURE.iteration}, "
                   "restarted by Ray, recovered from the checkpoint store):", "", *end_to_end]
-    document = args.results.read_text() if args.results.exists() else "# Benchmark results\n"
-    args.results.write_text(replace_section(document, "\n".join(lines)))
+    write_section("scar", "\n".join(lines), args.results)
     print("\n".join(table))
 
 

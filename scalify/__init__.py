@@ -8,8 +8,8 @@ from . import verify as _verify_package  # noqa: F401  first, so that `verify` b
 
 # Each export and the submodule that defines it. They load on first use, so that a process that
 # imports one submodule (a Ray actor's, say) does not pay for torch and transformers.
-_EXPORTS = {"verify_graphs": "api", "verify_hlo": "api", "verify_modules": "api",
-            "infer_placements": "capture.shard_fn", "Custom": "placements",
+_EXPORTS = {"verify_graphs": "api", "verify_hlo": "api", "verify_jax": "api",
+            "verify_modules": "api", "infer_placements": "capture.shard_fn", "Custom": "placements",
             "Partial": "placements", "Piece": "placements", "Replicate": "placements",
             "Shard": "placements", "Discrepancy": "report.model", "Report": "report.model"}
 

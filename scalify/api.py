@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -12,12 +13,14 @@ from torch import nn
 from .capture.hlo import lower_module
 from .capture.hlo_relations import (infer_output_placements, infer_placements as infer_hlo_placements,
                                     match_inputs, rename_inputs)
-from .capture.hlo_text import parse_module
+from .capture.hlo_text import HloModule, parse_module
+from .capture.jax_dump import JaxDump, dump_jax
 from .capture.ranks import capture_ranks
 from .capture.shard_fn import ShardFn, infer_placements
 from .capture.tracer import capture
 from .config import Experiment, load_experiment
 from .engine import Executor, InlineExecutor, VerifyJob, executor_for
+from .errors import CaptureError, ShapeError
 from .ir.distributed import merge_ranks
 from .ir.graph import Graph
 from .ir.symmetry import symbolic_program
@@ -128,6 +131,11 @@ def verify(config: str | os.PathLike | dict | Experiment, *, numeric: bool | Non
     """Verify the experiment a YAML file (or dict, or loaded Experiment) describes, on `executor`
     (default: the one its `engine` section asks for)."""
     experiment = config if isinstance(config, Experiment) else load_experiment(config)
+    if experiment.hlo is not None:
+        report = _verify_hlo_experiment(
+            experiment, numeric=experiment.verify.numeric if numeric is None else numeric,
+            progress=progress, executor=executor or executor_for(experiment.engine))
+        return _finish(report, experiment)
     programs = programs_for(experiment)
     report = verify_modules(
         programs.reference, programs.rank, experiment.world_size(), programs.inputs,
@@ -141,12 +149,29 @@ def verify(config: str | os.PathLike | dict | Experiment, *, numeric: bool | Non
                               fused_ops=programs.fused_ops),
         executor=executor or executor_for(experiment.engine), grad=programs.grad,
         shard_fn=programs.shard_fn)
+    return _finish(report, experiment)
+
+
+def _finish(report: Report, experiment: Experiment) -> Report:
+    """The report with its config, logged to MLflow when the experiment asks."""
     report.config = experiment.to_dict()
     if experiment.tracking.enabled:
         from .tracking import log_run
 
         report.stats["mlflow_run_id"] = log_run(report, experiment.tracking)
     return report
+
+
+def _verify_hlo_experiment(experiment: Experiment, **options: Any) -> Report:
+    """An experiment's `hlo` section: its HLO files, or its JAX builder's dump."""
+    hlo, checks = experiment.hlo, experiment.verify
+    options |= {"name": experiment.name, "options": VerifyOptions(
+        narrow_first=True, congruence=True, window_depth=checks.window_depth, memo=checks.memo,
+        memo_store=checks.memo_store, rank_symmetry=checks.rank_symmetry)}
+    outputs = list(hlo.outputs) if hlo.outputs else None
+    if hlo.jax is None:
+        return verify_hlo(hlo.reference, hlo.distributed, hlo.world_size, outputs, **options)
+    return verify_jax(hlo.jax, world_size=hlo.world_size, **options)
 
 
 def _named(example_inputs: dict[str, torch.Tensor] | tuple) -> dict[str, torch.Tensor]:
@@ -181,12 +206,14 @@ def _local_inputs(inputs: dict[str, torch.Tensor], placements: dict[str, Placeme
 
 def verify_hlo(reference_path: str | os.PathLike, distributed_path: str | os.PathLike,
                world_size: int, output_placements: list[Placement] | None = None, *,
-               numeric: bool = False, name: str | None = None, progress: Progress = _quiet,
+               input_placements: list[Placement] | None = None, numeric: bool = False,
+               name: str | None = None, progress: Progress = _quiet,
                options: VerifyOptions | None = None, executor: Executor | None = None) -> Report:
     """Prove that the SPMD HLO module at `distributed_path`, run by `world_size` devices,
     computes what the single-device HLO module at `reference_path` computes.
 
-    The input placements are inferred (capture/hlo_relations.py); `output_placements` state the
+    The input placements are inferred (capture/hlo_relations.py) unless `input_placements`
+    state them, in parameter order (as JAX shardings do); `output_placements` state the
     expected placements of the first outputs (the others are not checked; default: every
     output's, inferred from its shapes). `options`
     default to congruence and one-hop windows first: every device runs the reference's op
@@ -200,10 +227,46 @@ def verify_hlo(reference_path: str | os.PathLike, distributed_path: str | os.Pat
                    for device in range(world_size)]
     timings = {"capture_s": time.perf_counter() - start}
     start = time.perf_counter()
-    placements = infer_hlo_placements(ref_graph, rank_graphs[0], world_size)
+    placements = (_by_parameter(reference, input_placements) if input_placements is not None
+                  else infer_hlo_placements(ref_graph, rank_graphs[0], world_size))
     outputs = output_placements or infer_output_placements(ref_graph, rank_graphs[0], world_size)
     return verify_graphs(ref_graph, rank_graphs, placements, outputs, numeric=numeric,
                          options=options or VerifyOptions(narrow_first=True, congruence=True),
                          name=name or f"{Path(reference_path).parent.name} vs "
                                       f"{Path(distributed_path).parent.name}",
                          progress=progress, executor=executor, timings=timings, started=start)
+
+
+def _by_parameter(module: HloModule, placements: list[Placement]) -> dict[str, Placement]:
+    """Placements stated in parameter order, keyed by the module's parameter names."""
+    names = [parameter.name for parameter in module.entry_computation.parameters()]
+    if len(names) != len(placements):
+        raise ShapeError(f"{len(placements)} input placements for {len(names)} parameters")
+    return dict(zip(names, placements))
+
+
+def verify_jax(builder: str, *, world_size: int | None = None, numeric: bool = False,
+               name: str | None = None, progress: Progress = _quiet,
+               options: VerifyOptions | None = None, executor: Executor | None = None) -> Report:
+    """Prove that a JAX program's distributed version computes what its reference computes:
+    `builder` ("module.path:function") returns a `JaxProgram`; both are dumped as HLO in a child
+    process (capture/jax_dump.py) and verified with the placements their shardings state.
+    `world_size`, when given, must be the number of devices the program's mesh has."""
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="scalify-jax-") as folder:
+        (dump,) = dump_jax([builder], folder)
+        if world_size is not None and dump.world_size != world_size:
+            raise CaptureError(f"{builder} runs on {dump.world_size} devices, not {world_size}")
+        return verify_dump(dump, numeric=numeric, name=name or builder, progress=progress,
+                           options=options, executor=executor,
+                           dumped_s=time.perf_counter() - start)
+
+
+def verify_dump(dump: JaxDump, *, dumped_s: float = 0.0, **options: Any) -> Report:
+    """`verify_hlo` on a JAX dump, with the placements its shardings state; `dumped_s`, the
+    time the dump took, is counted as capture."""
+    report = verify_hlo(dump.reference, dump.distributed, dump.world_size, dump.outputs,
+                        input_placements=dump.inputs, **options)
+    report.timings["capture_s"] += dumped_s
+    report.timings["total_s"] += dumped_s
+    return report

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 import os
 import re
@@ -15,6 +16,7 @@ import yaml
 from scalify.dtensor_plan import DTensorPlan, PlanError, parse_plan
 from scalify.errors import ConfigError
 from scalify.models.presets import PRESETS
+from scalify.placements import Placement, parse_placement
 
 MAX_FILE_BYTES = 1 << 20
 REPO_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -70,11 +72,36 @@ class PlanSpec:
 
 @dataclass(frozen=True)
 class HardwareSpec:
-    """The devices the plan targets."""
+    """The devices the plan targets: `devices` of them when given (the plan's world size must
+    match), on nodes of `cores_per_node` accelerator cores when given (a tensor-parallel group
+    stays in one node: its degree must divide the cores per node)."""
 
     name: str
     target: str
-    devices: int
+    devices: int | None = None
+    cores_per_node: int | None = None
+
+    def tensor_parallel_degrees(self) -> tuple[int, ...] | None:
+        """The TP degrees this hardware allows (None: any)."""
+        if self.cores_per_node is None:
+            return None
+        return tuple(d for d in range(1, self.cores_per_node + 1) if self.cores_per_node % d == 0)
+
+
+@dataclass(frozen=True)
+class HloSpec:
+    """HLO programs to verify, in place of a model and a plan: `reference` and `distributed`
+    HLO files (paths relative to the repository, the folder holding configs/), or a `jax`
+    builder ("module.path:function" returning a JaxProgram, dumped when verified), or a
+    `torch_neuronx` one (needs the AWS Neuron SDK). `world_size` devices run the distributed
+    program; `outputs` state the first outputs' placements (default: inferred from shapes)."""
+
+    world_size: int
+    reference: str | None = None
+    distributed: str | None = None
+    jax: str | None = None
+    torch_neuronx: str | None = None
+    outputs: tuple[Placement, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -128,17 +155,20 @@ class Experiment:
     """One validated experiment; `source` is the file it came from or "<dict>"."""
 
     name: str
-    model: ModelSpec
-    plan: PlanSpec
+    model: ModelSpec | None  # None (and plan None) for HLO experiments
+    plan: PlanSpec | None
     hardware: HardwareSpec
     inputs: InputSpec
     verify: VerifyOptions
     tracking: TrackingSpec
     engine: EngineSpec
     source: str
+    hlo: HloSpec | None = None
 
     def world_size(self) -> int:
-        """Number of ranks the plan runs on."""
+        """Number of ranks the plan (or the HLO program) runs on."""
+        if self.hlo is not None:
+            return self.hlo.world_size
         plan = self.plan
         return (plan.tensor_parallel * plan.data_parallel * plan.expert_parallel
                 * plan.pipeline_parallel * plan.context_parallel)
@@ -371,6 +401,81 @@ def _check_context(plan: PlanSpec, model: ModelSpec, fields: Located) -> None:
                           f"{plan.style} {model.family}")
 
 
+def _check_devices(hardware: HardwareSpec, world: int, fields: Located, what: str,
+                   detail: str = "") -> None:
+    """`hardware.devices`, when given, must be the world size (`what` names its source)."""
+    if hardware.devices is not None and hardware.devices != world:
+        raise fields["devices"][1].error(
+            f"{hardware.devices} devices do not match {what}'s world size {world}{detail}")
+
+
+def _degrees(plan: PlanSpec) -> str:
+    """The plan's parallel degrees, as shown in messages."""
+    optional = ("expert_parallel", "pipeline_parallel", "context_parallel")
+    names = ("tensor_parallel", "data_parallel",
+             *(name for name in optional if getattr(plan, name) > 1))
+    return "(" + ", ".join(f"{name}={getattr(plan, name)}" for name in names) + ")"
+
+
+def _check_tensor_parallel(hardware: HardwareSpec, degree: int, at: _Where) -> None:
+    """A TP group stays within one node: its degree must divide the node's cores."""
+    allowed = hardware.tensor_parallel_degrees()
+    if allowed is not None and degree not in allowed:
+        raise at.error(f"TP degree {degree} is not allowed on {hardware.name} (its "
+                       f"{hardware.cores_per_node} cores per node allow "
+                       f"{', '.join(map(str, allowed))})")
+
+
+def _hlo_file(value: Any, where: _Where, root: Path) -> str:
+    path = root / _text(value, where)
+    if not path.is_file():
+        raise where.error(f"no such HLO file {_display(path)!r} (paths are relative to the "
+                          f"repository, {root.resolve()})")
+    return str(path.resolve())
+
+
+def _output_placements(value: Any, where: _Where) -> tuple[Placement, ...]:
+    if not isinstance(value, list) or not value:
+        raise where.error(f"expected a list of placements like [Shard(0)], got {_show(value)}")
+    placements = []
+    for position, text in enumerate(value):
+        try:
+            placements.append(parse_placement(_text(text, where.child(position))))
+        except ValueError as error:
+            raise where.child(position).error(str(error)) from None
+    return tuple(placements)
+
+
+def _torch_neuronx(value: Any, where: _Where) -> str:
+    """A torch_neuronx builder: refused with the reason (not installed, or not supported yet)."""
+    _function_path(value, where)
+    if importlib.util.find_spec("torch_neuronx") is None:
+        raise where.error("needs the torch_neuronx package (AWS Neuron SDK), which is not "
+                          "installed: dump the HLO on a Neuron machine and give hlo.reference "
+                          "and hlo.distributed")
+    raise where.error("dumping HLO through torch_neuronx is not supported yet: give the dumped "
+                      "files as hlo.reference and hlo.distributed")
+
+
+def _hlo_spec(fields: Located, where: _Where, root: Path) -> HloSpec:
+    """The hlo section: one source (both files, or a builder), world_size, optional outputs."""
+    _check_keys(fields, [f.name for f in dataclasses.fields(HloSpec)])
+    if "world_size" not in fields:
+        raise where.child("world_size").error("missing required key")
+    files = [key for key in ("reference", "distributed") if key in fields]
+    if len(files) == 1:
+        other = "distributed" if files == ["reference"] else "reference"
+        raise where.child(other).error(f"missing required key (hlo.{files[0]} is given)")
+    if bool(files) + ("jax" in fields) + ("torch_neuronx" in fields) != 1:
+        raise where.error("give one source: reference and distributed HLO files, a jax builder "
+                          "or a torch_neuronx builder")
+    checks: dict[str, Checker] = {
+        "world_size": _positive_int, "jax": _function_path, "torch_neuronx": _torch_neuronx,
+        "outputs": _output_placements, "reference": lambda v, w: _hlo_file(v, w, root),
+        "distributed": lambda v, w: _hlo_file(v, w, root)}
+    return HloSpec(**{key: checks[key](value, at) for key, (value, at) in fields.items()})
+
+
 _SCHEMAS: dict[type, dict[str, Checker]] = {
     PlanSpec: {
         "style": _choice(*PLAN_STYLES),
@@ -389,7 +494,8 @@ _SCHEMAS: dict[type, dict[str, Checker]] = {
         "expert_dispatch": _choice(*EXPERT_DISPATCHES),
         "context_parallel": _positive_int,
     },
-    HardwareSpec: {"name": _text, "target": _choice(*HARDWARE_TARGETS), "devices": _positive_int},
+    HardwareSpec: {"name": _text, "target": _choice(*HARDWARE_TARGETS), "devices": _positive_int,
+                   "cores_per_node": _positive_int},
     InputSpec: {"batch": _positive_int, "seq": _positive_int},
     VerifyOptions: {"backward": _boolean, "loss": _boolean, "numeric": _boolean, "memo": _boolean, "memo_store": _optional_text,
                     "window_depth": _positive_int, "rank_symmetry": _boolean},
@@ -400,7 +506,8 @@ _SCHEMAS: dict[type, dict[str, Checker]] = {
 _HF_CHECKERS: dict[type, Checker] = {bool: _boolean, int: _positive_int, float: _positive_number, str: _text}
 _REFERENCE_DIRS = {"model": "models", "plan": "plans", "hardware": "hardware"}
 _SECTIONS = ("model", "plan", "hardware", "inputs", "verify", "tracking", "engine")
-_TOP_KEYS = ("name", "overrides", *_SECTIONS)
+_TOP_KEYS = ("name", "overrides", "hlo", *_SECTIONS)
+_HLO_SOURCES = ("files", "jax", "torch_neuronx")
 
 
 def _build(cls: type, fields: Located, where: _Where) -> Any:
@@ -483,13 +590,19 @@ def load_experiment(source: str | os.PathLike | dict) -> Experiment:
     top_where = _Where(origin.file)
     top = _located(data, top_where)
     _check_keys(top, _TOP_KEYS)
-    for required in _REFERENCE_DIRS:
-        if required not in top:
-            raise top_where.child(required).error("missing required key")
+    is_hlo = "hlo" in top
+    for section in _REFERENCE_DIRS:
+        if is_hlo and section in ("model", "plan") and section in top:
+            raise top[section][1].error("not used with hlo: the HLO programs stand for the model "
+                                        "and its plan")
+        if section not in top and not (is_hlo and section != "hardware"):
+            raise top_where.child(section).error("missing required key")
     overrides = _overrides(_located(*top.get("overrides", ({}, top_where.child("overrides")))))
 
     sections: dict[str, tuple[Located, _Where]] = {}
     for section in _SECTIONS:
+        if is_hlo and section in ("model", "plan"):
+            continue
         entry, where = top.get(section, ({}, top_where.child(section)))
         path = None
         if section in _REFERENCE_DIRS:
@@ -501,10 +614,24 @@ def load_experiment(source: str | os.PathLike | dict) -> Experiment:
             fields |= overrides[section]
         sections[section] = fields, where
 
+    hardware = _build(HardwareSpec, *sections["hardware"])
+    common = dict(
+        name=_text(*top["name"]) if "name" in top else origin.default_name,
+        hardware=hardware,
+        inputs=_build(InputSpec, *sections["inputs"]),
+        verify=_build(VerifyOptions, *sections["verify"]),
+        tracking=_build(TrackingSpec, *sections["tracking"]),
+        engine=_build(EngineSpec, *sections["engine"]),
+        source=origin.file)
+    if is_hlo:
+        hlo_fields = _located(*top["hlo"])
+        hlo = _hlo_spec(hlo_fields, top["hlo"][1], origin.configs_dirs[0].parent)
+        _check_devices(hardware, hlo.world_size, sections["hardware"][0], "the HLO program")
+        _check_tensor_parallel(hardware, hlo.world_size, hlo_fields["world_size"][1])
+        return Experiment(model=None, plan=None, hlo=hlo, **common)
     model = _model_spec(*sections["model"], overrides["model"])
     plan = _build(PlanSpec, *sections["plan"])
     _check_plan_style(plan, *sections["plan"])
-    hardware = _build(HardwareSpec, *sections["hardware"])
     world = (plan.tensor_parallel * plan.data_parallel * plan.expert_parallel
              * plan.pipeline_parallel * plan.context_parallel)
     _check_expert_parallel(plan, model, sections["plan"][0])
@@ -517,23 +644,8 @@ def load_experiment(source: str | os.PathLike | dict) -> Experiment:
     if plan.fused and model.family != "llama":
         raise sections["plan"][0]["fused"][1].error(
             f"fused layouts exist for llama, not {model.family!r}")
-    if hardware.devices != world:
-        raise sections["hardware"][0]["devices"][1].error(
-            f"{hardware.devices} devices do not match the plan's world size {world} "
-            f"(tensor_parallel={plan.tensor_parallel}, data_parallel={plan.data_parallel}"
-            + (f", expert_parallel={plan.expert_parallel}" if plan.expert_parallel > 1 else "")
-            + (f", pipeline_parallel={plan.pipeline_parallel}" if plan.pipeline_parallel > 1 else "")
-            + (f", context_parallel={plan.context_parallel}" if plan.context_parallel > 1 else "")
-            + ")"
-        )
-    return Experiment(
-        name=_text(*top["name"]) if "name" in top else origin.default_name,
-        model=model,
-        plan=plan,
-        hardware=hardware,
-        inputs=_build(InputSpec, *sections["inputs"]),
-        verify=_build(VerifyOptions, *sections["verify"]),
-        tracking=_build(TrackingSpec, *sections["tracking"]),
-        engine=_build(EngineSpec, *sections["engine"]),
-        source=origin.file,
-    )
+    _check_devices(hardware, world, sections["hardware"][0], "the plan", f" {_degrees(plan)}")
+    plan_fields, plan_where = sections["plan"]
+    degree_at = plan_fields.get("tensor_parallel", (None, plan_where.child("tensor_parallel")))[1]
+    _check_tensor_parallel(hardware, plan.tensor_parallel, degree_at)
+    return Experiment(model=model, plan=plan, **common)

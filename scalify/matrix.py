@@ -97,6 +97,7 @@ def _cells() -> list[Cell]:
         Cell("llama", "TP2+SP", True, sp2),
         Cell("llama", "DP2", True, dp2, batch=2),
         Cell("llama", "DP2 ZeRO-2", True, zero2, batch=2),
+        Cell("llama", "DTensor hf TP2", True, hf),
         Cell("llama", "TP2", True, tp2, bug="missing-allreduce"),
         Cell("gpt2", "TP2", False, tp2, bug="global-heads-reshape"),
         Cell("llama", "TP2+SP", True, sp2, bug="sp-norm-grad-unreduced"),

@@ -126,3 +126,18 @@ class Custom(Placement):
         parts = [f"{local} {' '.join(spans[:4])}{' ...' if len(spans) > 4 else ''}"
                  for local, spans in held.items()]
         return f"Custom({self.dim}, {'; '.join(parts)})"
+
+
+def parse_placement(text: str) -> Placement:
+    """`Replicate()`, `Shard(dim)` or `Partial(sum|max)` (`Partial()` sums), as written in configs."""
+    kind, _, rest = text.strip().partition("(")
+    argument = rest.rstrip(")").strip()
+    if not rest.endswith(")"):
+        raise ValueError(f"expected Replicate(), Shard(dim) or Partial(op), got {text!r}")
+    if kind == "Replicate" and not argument:
+        return Replicate()
+    if kind == "Shard" and argument.lstrip("-").isdigit():
+        return Shard(int(argument))
+    if kind == "Partial" and argument in ("", "sum", "max"):
+        return Partial(argument or "sum")
+    raise ValueError(f"expected Replicate(), Shard(dim) or Partial(op), got {text!r}")

@@ -57,16 +57,23 @@ def programs_for(experiment: Experiment) -> Programs:
 
 def _dtensor(experiment: Experiment, hf_config, reference_step: Step,
              inputs: dict[str, torch.Tensor], names: list[str]) -> Programs:
-    from .parallel.dtensor import dtensor_subject
+    from .parallel.dtensor import dtensor_subject, parameter_layout_grads
 
     plan, world = experiment.plan, experiment.world_size()
-    if experiment.verify.backward:
-        raise ConfigError("verify.backward is not supported for dtensor plans yet: verify the "
-                          "forward, or the same plan in Megatron style")
     subject = dtensor_subject(experiment.model.family, hf_config, plan.dtensor_plan, world,
                               plan.planted_bug)
-    return Programs(reference_step, lambda rank: Step(subject.rank_factory(rank), hf_logits),
-                    inputs, subject.param_placements, [subject.logits])
+    if not experiment.verify.backward:
+        return Programs(reference_step, lambda rank: Step(subject.rank_factory(rank), hf_logits),
+                        inputs, subject.param_placements, [subject.logits])
+    if not isinstance(subject.logits, Replicate):
+        raise ConfigError("verify.backward with a DTensor plan needs replicated logits (HF's loss "
+                          f"runs on them); this plan leaves them {subject.logits}: torch's "
+                          "loss_parallel is not supported yet")
+    step = training_step(hf_loss, names, parameter_layout_grads)
+    return Programs(reference_step, lambda rank: Step(subject.rank_factory(rank), step), inputs,
+                    subject.param_placements,
+                    [Replicate(), *(subject.param_placements.get(name, Replicate()) for name in names)],
+                    grad=True)
 
 
 def _tensor_parallel(experiment: Experiment, hf_config, reference_step: Step,
@@ -199,3 +206,4 @@ def _pipeline(experiment: Experiment, hf_config, reference_step: Step,
 def rank_loss(model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
     """A tensor-parallel rank model's loss: its forward with labels returns it."""
     return model(**inputs)
+

@@ -342,11 +342,16 @@ def _gather(lo: Lowering, ins: Instruction, args: list[Value]) -> Value:
     return b.permute(gathered, order)
 
 
-# Neuron custom calls.
+# Custom calls that leave the value unchanged: Neuron's data transfer, and the sharding marks
+# of XLA's SPMD partitioner (on a device's local shard, as the programs lowered here hold it).
+IDENTITY_CALLS = ("AwsNeuronTransferWithStaticRing", "Sharding", "SPMDFullToShardShape",
+                  "SPMDShardToFullShape")
+
+
 @lowering("custom-call")
 def _custom_call(lo: Lowering, ins: Instruction, args: list[Value]) -> Value:
     target = ins.attrs.get("custom_call_target", "").strip('"')
-    if target == "AwsNeuronTransferWithStaticRing":  # a data transfer: the value is unchanged
+    if target in IDENTITY_CALLS:
         return args[0]
     if target == "AwsNeuronRmsNorm":
         return _rms_norm(lo, ins, args)

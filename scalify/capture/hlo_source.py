@@ -6,6 +6,8 @@
   framework's HLO-building layers (`torch_neuronx`, its `pyhlo` scribe, and the thin op helpers
   of `transformers_neuronx/hlo.py`), and the frames around it are its callers.
 - `stack_frame_id=N`: a frame in the module's StackFrames table, whose parents give the callers.
+  XLA prints a frame's `parent_frame_id` as the parent's row number plus one (1: no parent),
+  as JAX's dumps show: a frame would otherwise often be its own parent.
 """
 from __future__ import annotations
 
@@ -61,7 +63,7 @@ def _from_frame_table(frame_id: int, tables: StackTables) -> SourceLoc:
         location = tables.locations.get(frame.get("file_location_id", 0), {})
         chain.append((tables.files.get(location.get("file_name_id", 0), ""),
                       location.get("line", 0)))
-        frame_id = frame.get("parent_frame_id", 0)
+        frame_id = frame.get("parent_frame_id", 1) - 1
     if not chain:
         return SourceLoc()
     (path, line), callers = chain[0], tuple(f"{p}:{n}" for p, n in chain[1:])

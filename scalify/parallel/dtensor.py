@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from fnmatch import fnmatch
 
+import torch
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
@@ -158,3 +159,14 @@ def dtensor_subject(family: str, hf_config: PretrainedConfig, plan: DTensorPlan,
     return DTensorSubject(rank_factory, placements, logits)
 
 
+def parameter_layout_grads(model: nn.Module, grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The step's gradient sync: DTensor gradients redistributed to their parameters' layouts
+    (partial sums all-reduced, as an optimizer step needs them), as this rank's local tensors."""
+    params = dict(model.named_parameters())
+
+    def local(name: str, grad: torch.Tensor) -> torch.Tensor:
+        if not isinstance(grad, DTensor):
+            return grad
+        return grad.redistribute(grad.device_mesh, params[name].placements).to_local()
+
+    return {name: local(name, grad) for name, grad in grads.items()}

@@ -8,9 +8,6 @@ import numpy as np
 
 from .harness import Trial
 
-BEGIN, END = "<!-- scar:begin -->", "<!-- scar:end -->"
-
-
 @dataclass(frozen=True)
 class Summary:
     """One strategy on one workload, over its failures: mean rework cost (and its standard
@@ -58,12 +55,3 @@ def markdown_table(summaries: list[Summary]) -> list[str]:
                     f"{s.stderr:.2f} | {reduction} | {bound} | {held} | "
                     f"{s.perturbation:.3g} |")
     return rows
-
-
-def replace_section(document: str, section: str) -> str:
-    """`document` with the text between the SCAR markers replaced (appended when absent)."""
-    block = f"{BEGIN}\n{section.rstrip()}\n{END}"
-    if BEGIN in document and END in document:
-        before, rest = document.split(BEGIN, 1)
-        return before + block + rest.split(END, 1)[1]
-    return f"{document.rstrip()}\n\n{block}\n"

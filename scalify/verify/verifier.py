@@ -361,9 +361,7 @@ class Verifier:
             lines.append(f"(set (world) {self.dist.world_size})")
         for name in defined:
             lines.append(f"(union {leaf(name)} {self._definition(name)})")
-        for name in dict.fromkeys(_LEAF_NAME.findall("\n".join(lines))):  # in order of appearance
-            for dim, size in enumerate(self.dist.graph[name].shape):
-                lines.append(f"(set (dimsize {leaf(name)} {dim}) {size})")
+        lines += self._sizes(lines)
         keys = {op_key(n.op, dict(n.attrs)) for n in [node, *(self.dist.graph[d] for d in defined)]
                 if n.op in LINEAR_UNARY_OPS}
         lines += [f"(linear_unary {render(key)})" for key in sorted(keys)]
@@ -419,6 +417,12 @@ class Verifier:
                 for a in node.inputs]
         return encode(node, args, [self.dist.graph[a].shape for a in node.inputs])
 
+    def _sizes(self, lines: list[str]) -> list[str]:
+        """The dim sizes of every rank tensor `lines` name (size-dependent rules read them)."""
+        names = dict.fromkeys(_LEAF_NAME.findall("\n".join(lines)))  # in order of appearance
+        return [f"(set (dimsize {leaf(name)} {dim}) {size})" for name in names
+                for dim, size in enumerate(self.dist.graph[name].shape)]
+
     # Outputs.
 
     def _check_outputs(self, placements: list[Placement], relations: dict[str, Relation | None],
@@ -438,9 +442,10 @@ class Verifier:
             window = self._window(known, region, self.options.window_depth)
             defined = self._with_dependencies(window, known, sorted(known, key=self.dist.order.get),
                                               region)
-            program = "\n".join([f"(let $y {relation.term})", f"(inv {relation.term})"] +
-                                [f"(union {t} {leaf(n)})" for t, n in relation.facts()] +
-                                [f"(union {leaf(n)} {self._definition(n)})" for n in defined])
+            lines = ([f"(let $y {relation.term})", f"(inv {relation.term})"] +
+                     [f"(union {t} {leaf(n)})" for t, n in relation.facts()] +
+                     [f"(union {leaf(n)} {self._definition(n)})" for n in defined])
+            program = "\n".join(lines + self._sizes(lines + expected))
             if not self.session.holds(program, expected):
                 result.discrepancies.append(self._output_discrepancy(
                     self.ref[output], relation, placement, rank_outputs))

@@ -119,7 +119,7 @@ FileLocations
 
 StackFrames
 1 {file_location_id=2 parent_frame_id=1}
-2 {file_location_id=1 parent_frame_id=1}
+2 {file_location_id=1 parent_frame_id=2}
 
 ENTRY %main (x: f32[2]) -> f32[2] {
   %x = f32[2]{0} parameter(0)

@@ -4,8 +4,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from scalify.recovery.report import BEGIN, END
-
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -18,7 +16,7 @@ def test_the_quick_bench_writes_only_its_own_section(tmp_path):
                    timeout=120)
     text = results.read_text()
     assert text.startswith("# Benchmark results\n\nother figures\n")
-    section = text.split(BEGIN)[1].split(END)[0]
+    section = text.split("<!-- scar:start -->")[1].split("<!-- scar:end -->")[0]
     for workload in ("mlr", "mf", "lda"):
         for strategy in ("traditional", "partial", "partial + prioritized"):
             assert f"| {workload} | {strategy} | 4 |" in section

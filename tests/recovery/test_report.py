@@ -1,8 +1,8 @@
-"""The benchmark's summary table and its section of RESULTS.md."""
+"""The benchmark's summary table."""
 import pytest
 
 from scalify.recovery.harness import Failure, Trial
-from scalify.recovery.report import BEGIN, END, markdown_table, replace_section, summarize
+from scalify.recovery.report import markdown_table, summarize
 
 
 def trial(strategy: str, rework: float, bound: float = 1.0) -> Trial:
@@ -18,11 +18,3 @@ def test_summaries_compare_each_strategy_with_traditional():
     rows = markdown_table([traditional, partial])
     assert rows[2] == "| mlr | traditional | 2 | 5.00 ± 1.00 |  | 1.00 | 0% | 0.5 |"
     assert rows[3] == "| mlr | partial | 2 | 0.50 ± 0.00 | 90% | none (c >= 1) | - | 0.5 |"
-
-
-def test_the_section_replaces_only_its_own_text():
-    document = "# Results\n\nother figures\n"
-    once = replace_section(document, "first")
-    assert once == f"# Results\n\nother figures\n\n{BEGIN}\nfirst\n{END}\n"
-    twice = replace_section(once + "\nlater section\n", "second")
-    assert twice == f"# Results\n\nother figures\n\n{BEGIN}\nsecond\n{END}\n\nlater section\n"

@@ -6,7 +6,7 @@ import yaml
 
 import scalify
 from scalify.config import REPO_CONFIGS
-from scalify.errors import CaptureError
+from scalify.errors import CaptureError, ConfigError
 from scalify.parallel import dtensor_planted
 
 SOURCE = Path(dtensor_planted.__file__).read_text().splitlines()
@@ -70,3 +70,24 @@ def test_a_norm_left_out_of_sequence_parallel_fails_at_that_norm():
     with pytest.raises(CaptureError, match=r"^model\.layers\.0\.post_attention_layernorm at .*"
                                            r"modeling_llama\.py:\d+: .*mixed torch\.Tensor and DTensor"):
         scalify.verify(experiment(SEQUENCE_PARALLEL, bug="dtensor-norm-not-sequence-parallel"))
+
+
+TRAINING = {"hf-tp2": ("hf", 2), "sequence-parallel-tp2": (SEQUENCE_PARALLEL, 2)}
+
+
+@pytest.mark.parametrize("plan,tp", TRAINING.values(), ids=TRAINING.keys())
+def test_training_step_of_a_dtensor_plan_verifies(plan, tp):
+    """Loss and every parameter's gradient, the gradients redistributed to their parameters'
+    layouts (partial sums of replicated norms all-reduced) as an optimizer step reads them."""
+    config = experiment(plan, tp)
+    config["verify"]["backward"] = True
+    report = scalify.verify(config, numeric=True)
+    assert report.verdict == "verified", [d.hint for d in report.discrepancies]
+    assert report.numeric["agrees"], report.numeric
+
+
+def test_training_step_with_vocab_sharded_logits_is_refused_with_the_reason():
+    config = experiment(VOCAB_PARALLEL, 2)
+    config["verify"]["backward"] = True
+    with pytest.raises(ConfigError, match="replicated logits"):
+        scalify.verify(config)

@@ -14,7 +14,8 @@ from scalify.capture.hlo_relations import infer_placements, match_inputs, rename
 from scalify.capture.hlo_text import parse_module
 from scalify.placements import Custom, Piece, Placement, Replicate, Shard
 
-DATA = Path("/work/shared/data/transformers-neuronx-llama")
+# shared/ sits beside the repository (as configs/experiments/neuron-*.yaml expect).
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "transformers-neuronx-llama"
 PAIRS = [(tp, layers) for layers in (1, 2, 4) for tp in (2, 4, 8)]
 IDS = [f"tp{tp}_layer{layers}" for tp, layers in PAIRS]
 

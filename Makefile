@@ -3,7 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test matrix browser bench clean
+.PHONY: venv demo test matrix browser bench bench-scar clean
 
 venv: $(STAMP)
 
@@ -33,6 +33,11 @@ browser:
 bench: venv
 	$(VENV)/bin/python benchmarks/run.py
 	$(VENV)/bin/python benchmarks/neuronx.py
+
+# SCAR fault tolerance: rework cost of each recovery strategy (about 2 minutes; ARGS=--quick
+# for a short run). One BLAS thread: the iterations are small and the cores are shared.
+bench-scar: venv
+	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 $(VENV)/bin/python benchmarks/scar.py $(ARGS)
 
 clean:
 	rm -rf reports build .pytest_cache *.egg-info

@@ -141,11 +141,13 @@ class TrackingSpec:
 class EngineSpec:
     """Where segments are proved: in this process (inline), on Ray actors (ray), or on Ray when
     RAY_ADDRESS is set and inline otherwise (auto). `address` is the cluster to join (default:
-    RAY_ADDRESS, else a local instance); `actors` the number of verification actors."""
+    RAY_ADDRESS, else a local instance); `actors` the number of verification actors;
+    `checkpoint` a folder where a Ray job keeps finished segments, to resume after a failure."""
 
     kind: str = "auto"
     address: str | None = None
     actors: int = 2
+    checkpoint: str | None = None
 
 
 @dataclass(frozen=True)
@@ -498,7 +500,8 @@ _SCHEMAS: dict[type, dict[str, Checker]] = {
     VerifyOptions: {"backward": _boolean, "loss": _boolean, "numeric": _boolean, "memo": _boolean, "memo_store": _optional_text,
                     "window_depth": _positive_int, "rank_symmetry": _boolean},
     TrackingSpec: {"enabled": _boolean, "uri": _text, "experiment": _text},
-    EngineSpec: {"kind": _choice(*ENGINE_KINDS), "address": _optional_text, "actors": _positive_int},
+    EngineSpec: {"kind": _choice(*ENGINE_KINDS), "address": _optional_text, "actors": _positive_int,
+                 "checkpoint": _optional_text},
 }
 _HF_CHECKERS: dict[type, Checker] = {bool: _boolean, int: _positive_int, float: _positive_number, str: _text}
 _REFERENCE_DIRS = {"model": "models", "plan": "plans", "hardware": "hardware"}

@@ -23,7 +23,7 @@ def executor_for(spec: EngineSpec) -> Executor:
         return InlineExecutor()
     from .ray_executor import RayExecutor
 
-    return RayExecutor(spec.address, spec.actors)
+    return RayExecutor(spec.address, spec.actors, spec.checkpoint)
 
 
 __all__ = ["Executor", "InlineExecutor", "VerifyJob", "executor_for"]

@@ -14,6 +14,7 @@ from .inline import InlineExecutor
 from .job import Progress, VerifyJob
 from .memo import RemoteStore, memo_store
 from .pool import Dispatcher, WorkerPool
+from .resume import SegmentCheckpoint
 
 if TYPE_CHECKING:
     from ..config import Experiment
@@ -23,10 +24,13 @@ if TYPE_CHECKING:
 @dataclass
 class RayExecutor:
     """Joins the cluster at `address` (see `connect`) and starts `actors` verification actors
-    on first use; they, and the memo actors, serve every job this executor runs until `close`."""
+    on first use; they, and the memo actors, serve every job this executor runs until `close`.
+    With `checkpoint` (a folder), each finished segment is saved there, and a job run again
+    after a failure proves only its unfinished segments."""
 
     address: str | None = None
     actors: int = 2
+    checkpoint: str | None = None
     _pool: WorkerPool | None = field(default=None, init=False, repr=False)
     _stores: dict[str | None, RemoteStore] = field(default_factory=dict, init=False, repr=False)
 
@@ -44,14 +48,18 @@ class RayExecutor:
         pool = self.pool
         store = self._store(job.options.memo, job.options.memo_store)
         dispatcher = Dispatcher(pool, uuid.uuid4().hex, ray.put(job), store)
+        finished = SegmentCheckpoint(self.checkpoint, job) if self.checkpoint else None
+        prove = finished.around(dispatcher.prove) if finished else dispatcher.prove
         try:
-            result = job.verifier(store).run(job.placements, job.outputs, progress,
-                                             dispatcher.prove)
+            result = job.verifier(store).run(job.placements, job.outputs, progress, prove)
         finally:
             pool.forget(dispatcher.job_id)
-        return result, {"engine": "ray", "actors": pool.size,
-                        "segments_dispatched": dispatcher.dispatched,
-                        "segments_retried": dispatcher.retried}
+        stats = {"engine": "ray", "actors": pool.size,
+                 "segments_dispatched": dispatcher.dispatched,
+                 "segments_retried": dispatcher.retried}
+        if finished:
+            stats["segments_resumed"] = finished.resumed
+        return result, stats
 
     def verify_all(self, experiments: list[Experiment],
                    progress: Progress = lambda done, total: None) -> list[Report]:

@@ -628,6 +628,12 @@ def load_experiment(source: str | os.PathLike | dict) -> Experiment:
         hlo = _hlo_spec(hlo_fields, top["hlo"][1], origin.configs_dirs[0].parent)
         _check_devices(hardware, hlo.world_size, sections["hardware"][0], "the HLO program")
         _check_tensor_parallel(hardware, hlo.world_size, hlo_fields["world_size"][1])
+        verify_fields, verify_where = sections["verify"]
+        for key in ("backward", "loss"):
+            if getattr(common["verify"], key):
+                where = verify_fields[key][1] if key in verify_fields else verify_where.child(key)
+                raise where.error("not supported with hlo: HLO programs are verified as dumped "
+                                  "(their outputs)")
         return Experiment(model=None, plan=None, hlo=hlo, **common)
     model = _model_spec(*sections["model"], overrides["model"])
     plan = _build(PlanSpec, *sections["plan"])

@@ -75,6 +75,8 @@ def test_trainium_hardware_allows_the_divisors_of_its_cores_per_node() -> None:
      "<dict>: model: not used with hlo"),
     ({"hardware": "gpu-4", "hlo": {**FILES, "world_size": 2}},
      "hardware.devices: 4 devices do not match the HLO program's world size 2"),
+    ({"hardware": "trn1", "hlo": {**FILES, "world_size": 2}, "verify": {"backward": True}},
+     "<dict>: verify.backward: not supported with hlo"),
 ])
 def test_each_hlo_mistake_names_its_field(data: dict, message: str) -> None:
     assert message in _error(data)

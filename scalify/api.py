@@ -29,6 +29,7 @@ from .report.model import Report
 from .programs import programs_for
 from .verify.numeric import cross_check
 from .verify.relations import even_placements
+from .verify.session import WindowLimits
 from .verify.verifier import VerifyOptions
 
 Progress = Callable[[str, int, int], None]
@@ -115,15 +116,17 @@ def verify_graphs(ref_graph: Graph, rank_graphs: list[Graph], placements: dict[s
         numeric_result = cross_check(ref_graph, dist, placements, outputs)
         timings["numeric_s"] = time.perf_counter() - start
     timings["total_s"] = sum(timings.values())
-    verified = not result.discrepancies
+    verified = not result.discrepancies and not result.unknown
     stats = {"world_size": world_size, "reference_nodes": len(ref_graph),
              "distributed_nodes": sum(len(g) for g in rank_graphs), "windows": result.windows,
              "memo_hits": result.memo_hits, "memo_misses": result.memo_misses,
              "layer_memo_hits": result.layer_hits, "rule_matches": result.rule_matches,
              "largest_egraph_nodes": result.largest_egraph,
              "blocked_ops": result.blocked, "rank_symmetry": symmetry, **engine_stats}
-    return Report(name, verified, "verified" if verified else "discrepancy", result.discrepancies,
-                  timings, stats, numeric_result)
+    verdict = ("discrepancy" if result.discrepancies else "unknown" if result.unknown
+               else "verified")
+    return Report(name, verified, verdict, result.discrepancies, timings, stats, numeric_result,
+                  unknown=result.unknown)
 
 
 def verify(config: str | os.PathLike | dict | Experiment, *, numeric: bool | None = None,
@@ -146,10 +149,14 @@ def verify(config: str | os.PathLike | dict | Experiment, *, numeric: bool | Non
                               memo=experiment.verify.memo, memo_store=experiment.verify.memo_store,
                               rank_symmetry=experiment.verify.rank_symmetry,
                               context_parallel=experiment.plan.context_parallel > 1,
-                              fused_ops=programs.fused_ops),
+                              fused_ops=programs.fused_ops, limits=_limits(experiment)),
         executor=executor or executor_for(experiment.engine), grad=programs.grad,
         shard_fn=programs.shard_fn)
     return _finish(report, experiment)
+
+
+def _limits(experiment: Experiment) -> WindowLimits:
+    return WindowLimits(experiment.verify.window_nodes, experiment.verify.window_seconds)
 
 
 def _finish(report: Report, experiment: Experiment) -> Report:
@@ -167,7 +174,8 @@ def _verify_hlo_experiment(experiment: Experiment, **options: Any) -> Report:
     hlo, checks = experiment.hlo, experiment.verify
     options |= {"name": experiment.name, "options": VerifyOptions(
         narrow_first=True, congruence=True, window_depth=checks.window_depth, memo=checks.memo,
-        memo_store=checks.memo_store, rank_symmetry=checks.rank_symmetry)}
+        memo_store=checks.memo_store, rank_symmetry=checks.rank_symmetry,
+        limits=_limits(experiment))}
     outputs = list(hlo.outputs) if hlo.outputs else None
     if hlo.jax is None:
         return verify_hlo(hlo.reference, hlo.distributed, hlo.world_size, outputs, **options)

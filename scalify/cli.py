@@ -79,12 +79,17 @@ def _verify(args: argparse.Namespace, console: Console) -> int:
 
 
 def numeric_agrees(report: Report) -> bool:
-    """Whether the numeric cross-check, if it ran, agrees with the verdict."""
-    return report.numeric is None or report.numeric["agrees"] == report.verified
+    """Whether the numeric cross-check, if it ran, agrees with the verdict (an unknown verdict
+    claims nothing)."""
+    return (report.numeric is None or report.verdict == "unknown"
+            or report.numeric["agrees"] == report.verified)
 
 
 def exit_code(report: Report) -> int:
-    """0 when verified (and the numbers, if checked, agree), else 1."""
+    """0 when verified (and the numbers, if checked, agree), 3 when unknown (a window hit its
+    limits), else 1."""
+    if report.verdict == "unknown":
+        return 3
     return 0 if report.verified and numeric_agrees(report) else 1
 
 

@@ -117,7 +117,8 @@ class VerifyOptions:
     """Verifier switches: numeric cross-check, proof memoisation (and its persistent SQLite store,
     shared by runs), e-graph window depth; `backward` verifies one training step (the loss and
     every parameter's gradient) instead of the forward logits; `loss` verifies the forward up to
-    the loss (no gradients)."""
+    the loss (no gradients). A window past `window_nodes` e-nodes or `window_seconds` gives no
+    answer, and the verdict is "unknown" rather than a guess."""
 
     backward: bool = False
     loss: bool = False
@@ -126,6 +127,8 @@ class VerifyOptions:
     memo_store: str | None = None
     window_depth: int = 4
     rank_symmetry: bool = True
+    window_nodes: int = 5_000_000
+    window_seconds: int = 600
 
 
 @dataclass(frozen=True)
@@ -498,7 +501,8 @@ _SCHEMAS: dict[type, dict[str, Checker]] = {
                    "cores_per_node": _positive_int},
     InputSpec: {"batch": _positive_int, "seq": _positive_int},
     VerifyOptions: {"backward": _boolean, "loss": _boolean, "numeric": _boolean, "memo": _boolean, "memo_store": _optional_text,
-                    "window_depth": _positive_int, "rank_symmetry": _boolean},
+                    "window_depth": _positive_int, "rank_symmetry": _boolean,
+                    "window_nodes": _positive_int, "window_seconds": _positive_int},
     TrackingSpec: {"enabled": _boolean, "uri": _text, "experiment": _text},
     EngineSpec: {"kind": _choice(*ENGINE_KINDS), "address": _optional_text, "actors": _positive_int,
                  "checkpoint": _optional_text},

@@ -50,6 +50,7 @@ class Report:
     stats: dict[str, Any] = field(default_factory=dict)
     numeric: dict[str, Any] | None = None
     config: dict[str, Any] = field(default_factory=dict)
+    unknown: list[str] = field(default_factory=list)  # why parts gave no answer (a limit hit)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

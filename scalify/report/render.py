@@ -17,8 +17,11 @@ def to_json(report: Report, path: str | Path) -> None:
     Path(path).write_text(json.dumps(report.to_dict(), indent=2, default=str))
 
 
+_COLOURS = {"verified": ("green", "#1a7f37"), "unknown": ("yellow", "#9a6700")}
+
+
 def print_summary(report: Report, console: Console) -> None:
-    colour = "green" if report.verified else "red"
+    colour = _COLOURS.get(report.verdict, ("red", ""))[0]
     console.print(f"[bold {colour}]{report.verdict.upper()}[/] {report.name}")
     table = Table(show_header=True, header_style="bold")
     table.add_column("stage")
@@ -29,6 +32,8 @@ def print_summary(report: Report, console: Console) -> None:
     console.print(", ".join(f"{k}: {v}" for k, v in report.stats.items()))
     if report.numeric is not None:
         console.print(_numeric_summary(report.numeric))
+    for reason in report.unknown:
+        console.print(f"\n[bold yellow]unknown[/]: {reason}")
     for number, d in enumerate(report.discrepancies, 1):
         console.print(f"\n[bold red]discrepancy {number}[/]: reference {d.ref_op} in {d.module or 'top'}")
         console.print(f"  reference: {d.ref_source}  {d.ref_source.code}")
@@ -52,9 +57,11 @@ def to_html(report: Report, path: str | Path) -> None:
     timings = {stage.removesuffix("_s"): f"{seconds:.2f}" for stage, seconds in report.timings.items()}
     numeric = ("" if report.numeric is None
                else f"<p class='numeric'>{escape(_numeric_summary(report.numeric))}</p>")
-    sections = "".join(_discrepancy_html(number, d)
-                       for number, d in enumerate(report.discrepancies, 1))
-    colour = "#1a7f37" if report.verified else "#cf222e"
+    sections = "".join(f"<section class='unknown'><h3>Unknown</h3><p>{escape(reason)}</p></section>"
+                       for reason in report.unknown)
+    sections += "".join(_discrepancy_html(number, d)
+                        for number, d in enumerate(report.discrepancies, 1))
+    colour = _COLOURS.get(report.verdict, ("", "#cf222e"))[1]
     page = f"""<!doctype html><html><head><meta charset="utf-8">
 <title>Scalify: {escape(report.name)} ({escape(report.verdict)})</title>
 <style>body{{font-family:sans-serif;max-width:60em;margin:2em auto}}

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
 
 from egglog import bindings
@@ -50,16 +51,29 @@ def _batched(program: str) -> str:
     return f"{first}\n(rule () ({facts}) :ruleset window)\n(run window 1)"
 
 
+class WindowLimitExceeded(Exception):
+    """A window's saturation outgrew its e-node or time limit: its answer is unknown."""
+
+
+@dataclass(frozen=True)
+class WindowLimits:
+    """What one window's saturation may use: e-nodes (the prelude's included) and seconds."""
+
+    nodes: int = 5_000_000
+    seconds: float = 600.0
+
+
 class EgglogSession:
     """Windows share one e-graph with the prelude loaded; each runs inside push/pop."""
 
     def __init__(self, iterations: int = 12, memoize: bool = True,
                  store: MemoStore | None = None, rank_families: bool = False,
-                 context_parallel: bool = False) -> None:
+                 context_parallel: bool = False, limits: WindowLimits = WindowLimits()) -> None:
         """`rank_families` runs the rank-family rules (for symmetric programs) instead of the
         per-rank ones; `context_parallel` also the rules of sequence chunks and blockwise
-        attention."""
+        attention. A window past `limits` raises WindowLimitExceeded."""
         self.iterations = iterations
+        self.limits = limits
         self.rulesets = ["lemmas", "ranks"] if rank_families else ["lemmas", "per_rank"]
         if context_parallel:
             self.rulesets.append(context.RULESET)
@@ -107,22 +121,44 @@ class EgglogSession:
     def holds(self, program: str, equalities: list[str]) -> bool:
         """Whether `$y` equals every term in `equalities` after saturating `program`."""
         checks = "\n".join(f"(check (= $y {term}))" for term in equalities)
+        egraph = self._egraph
+        egraph.run_program(*egraph.parse_program("(push)"))
         try:
-            self._execute(f"{_batched(program)}\n{self._schedule()}\n{checks}")
-        except Exception:  # egglog reports a failed check as an error
-            return False
-        return True
+            egraph.run_program(*egraph.parse_program(_batched(program)))
+            self._saturate(egraph)
+            try:
+                egraph.run_program(*egraph.parse_program(checks))
+            except Exception:  # egglog reports a failed check as an error
+                return False
+            return True
+        finally:
+            self._pop()
 
-    def _schedule(self) -> str:
+    def _saturate(self, egraph: bindings.EGraph) -> list:
+        """Run the rulesets up to `iterations` times (stopping at a fixpoint) within `limits`."""
         runs = " ".join(f"(run {name})" for name in self.rulesets)
-        return f"(run-schedule (repeat {self.iterations} (seq {runs})))"
+        step = egraph.parse_program(f"(run-schedule (seq {runs}))\n(print-size)")
+        start, outputs = time.perf_counter(), []
+        for _ in range(self.iterations):
+            *ran, size = egraph.run_program(*step)
+            outputs += [*ran, size]
+            nodes = sum(count for _, count in size.sizes)
+            if nodes > self.limits.nodes:
+                raise WindowLimitExceeded(f"its e-graph grew past {self.limits.nodes} e-nodes")
+            if time.perf_counter() - start > self.limits.seconds:
+                raise WindowLimitExceeded(f"saturating it took over {self.limits.seconds:g} s")
+            if not any(out.report.updated for out in ran
+                       if isinstance(out, bindings.RunScheduleOutput)):
+                break
+        return outputs
 
     def _run(self, program: str) -> Outcome:
         egraph = self._egraph
         egraph.run_program(*egraph.parse_program("(push)"))
         try:
-            outputs = egraph.run_program(*egraph.parse_program(
-                f"{_batched(program)}\n{self._schedule()}\n(print-size)\n(extract $y)"))
+            egraph.run_program(*egraph.parse_program(_batched(program)))
+            outputs = self._saturate(egraph)
+            outputs += egraph.run_program(*egraph.parse_program("(print-size)\n(extract $y)"))
             self._measure(outputs)
             term = str(outputs[-1]).strip()
             sliced = _SLICED.findall(program) if _PARTIAL_REPLICA.search(program) else []
@@ -144,14 +180,6 @@ class EgglogSession:
             elif isinstance(output, bindings.PrintAllFunctionsSize):
                 self.largest_egraph = max(self.largest_egraph,
                                           sum(size for _, size in output.sizes))
-
-    def _execute(self, program: str) -> list:
-        egraph = self._egraph
-        egraph.run_program(*egraph.parse_program("(push)"))
-        try:
-            return egraph.run_program(*egraph.parse_program(program))
-        finally:
-            self._pop()
 
     def _pop(self) -> None:
         try:

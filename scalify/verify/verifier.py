@@ -27,7 +27,7 @@ from .encode import encode
 from .relations import (Relation, describe, expected_output, family_relation,
                         from_placement, leaf, output_holders, stage_relation)
 from .segments import SegmentKey, segment_key
-from .session import EgglogSession
+from .session import EgglogSession, WindowLimitExceeded, WindowLimits
 from .store import MemoStore, ProofStore
 
 _LAYER = re.compile(r"^(.*?\.\d+)(\.|$)")
@@ -51,6 +51,7 @@ class VerifyOptions:
     memo: bool = True  # prove identical windows once
     memo_store: str | None = None  # SQLite file shared by runs
     rank_symmetry: bool = True  # verify one symbolic program for all ranks when they allow it
+    limits: WindowLimits = WindowLimits()  # past them a window's answer is unknown
     # Try a one-hop window first for every op, not only for ops on replicated inputs (programs
     # whose ranks keep the reference's op structure, e.g. one compiler's SPMD HLO).
     narrow_first: bool = False
@@ -75,10 +76,12 @@ class Verification:
     relations: dict[str, Relation | None] = field(default_factory=dict)
     # The discrepancy to report for each open run of fused ops, by the op that began it.
     deferred: dict[str, Discrepancy] = field(default_factory=dict)
+    unknown: list[str] = field(default_factory=list)  # ops whose window hit its limits, and why
 
     def absorb(self, outcome: Verification) -> None:
         """Add one segment's findings and counts (its relations are merged by the caller)."""
         self.discrepancies += outcome.discrepancies
+        self.unknown += outcome.unknown
         self.windows += outcome.windows
         self.blocked += outcome.blocked
         self.memo_hits += outcome.memo_hits
@@ -103,7 +106,7 @@ class Verifier:
         unfold = 0 if dist.symbolic else 4 * dist.world_size
         self.session = session or EgglogSession(
             options.iterations + unfold, options.memo, self.store, rank_families=dist.symbolic,
-            context_parallel=options.context_parallel)
+            context_parallel=options.context_parallel, limits=options.limits)
         self.users = dist.graph.users()
         self.dist_const = constant_terms(dist.graph)
         self.const_nodes: dict[str, set[str]] = {}  # the rank nodes of each constant term
@@ -144,7 +147,7 @@ class Verifier:
                 outcome = run_segment(index, self.boundary(index, relations))
                 relations.update(outcome.relations)
                 result.absorb(outcome)
-                if key and not outcome.discrepancies:
+                if key and not outcome.discrepancies and not outcome.unknown:
                     self._remember_segment(key, [relations[n.name] for n in nodes])
                 if self.store is not None:
                     self.store.commit()  # a job that dies keeps every finished segment
@@ -301,7 +304,11 @@ class Verifier:
             program, window = self._program(node, inputs, depth)
             narrowest = window if narrowest is None else narrowest
             result.windows += 1
-            outcome = self.session.saturate(program)
+            try:
+                outcome = self.session.saturate(program)
+            except WindowLimitExceeded as limit:  # no answer: neither related nor refuted
+                result.unknown.append(f"{node.op} at {node.source}: its window gave no answer, {limit}")
+                return None
             term = parse(outcome.term)
             if is_relational(term):
                 break
@@ -446,7 +453,13 @@ class Verifier:
                      [f"(union {t} {leaf(n)})" for t, n in relation.facts()] +
                      [f"(union {leaf(n)} {self._definition(n)})" for n in defined])
             program = "\n".join(lines + self._sizes(lines + expected))
-            if not self.session.holds(program, expected):
+            try:
+                holds = self.session.holds(program, expected)
+            except WindowLimitExceeded as limit:
+                result.unknown.append(f"output {position} ({placement}): its check gave no "
+                                      f"answer, {limit}")
+                continue
+            if not holds:
                 result.discrepancies.append(self._output_discrepancy(
                     self.ref[output], relation, placement, rank_outputs))
 

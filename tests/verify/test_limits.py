@@ -1,0 +1,48 @@
+"""Verdict discipline: a window past its e-node or time limit gives no answer, and the run's
+verdict is "unknown" with the reasons, never "verified"."""
+import pytest
+
+import scalify
+from scalify.cli import exit_code
+from scalify.config import load_experiment
+from scalify.errors import ConfigError
+from scalify.verify.session import EgglogSession, WindowLimitExceeded, WindowLimits
+
+from .helpers import experiment
+
+
+def _limited(config: dict, nodes: int) -> dict:
+    return {**config, "verify": {**config["verify"], "window_nodes": nodes}}
+
+
+def test_a_window_past_its_node_limit_makes_a_correct_run_unknown():
+    report = scalify.verify(_limited(experiment("llama-tiny", "llama", 2), 200), numeric=True)
+    assert report.verdict == "unknown" and not report.verified and not report.discrepancies
+    assert report.unknown and "grew past 200 e-nodes" in report.unknown[0]
+    assert "modeling_llama.py:" in report.unknown[0]  # the op's source line
+    assert report.numeric["agrees"]
+    assert exit_code(report) == 3
+
+
+def test_a_limit_never_turns_a_planted_bug_into_verified():
+    config = experiment("llama-tiny", "llama", 2, bug="missing-allreduce")
+    report = scalify.verify(_limited(config, 200), numeric=True)
+    assert report.verdict in ("unknown", "discrepancy") and not report.verified
+
+
+def test_the_default_limits_leave_correct_runs_verified():
+    assert scalify.verify(experiment("llama-tiny", "llama", 2)).verdict == "verified"
+
+
+def test_a_window_past_its_time_limit_gives_no_answer():
+    session = EgglogSession(limits=WindowLimits(seconds=0.0))
+    with pytest.raises(WindowLimitExceeded, match="took over 0 s"):
+        session.saturate('(let $y (binary "add" (dist "a") (dist "b")))')
+
+
+@pytest.mark.parametrize("field", ["window_nodes", "window_seconds"])
+def test_limits_must_be_positive(field):
+    config = experiment("llama-tiny", "llama", 2)
+    config["verify"][field] = 0
+    with pytest.raises(ConfigError, match=f"verify.{field}"):
+        load_experiment(config)

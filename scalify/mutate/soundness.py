@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="write every judged mutant here")
     args = parser.parse_args(argv)
-    console = Console()
+    console = Console(width=120)  # the whole table, also when piped
     campaigns = []
     for cell in CELLS:
         campaign = run_campaign(capture_subject(cell.experiment()), args.budget, args.seed)

@@ -7,6 +7,7 @@ from typing import Callable
 from ..api import verify_graphs
 from ..errors import ScalifyError
 from ..ir.distributed import merge_ranks
+from ..ir.graph import SourceLoc
 from ..verify.numeric import cross_check
 from .mutants import Mutant, mutants
 from .operators import OPERATORS
@@ -71,7 +72,12 @@ def judge(subject: Subject, mutant: Mutant) -> Judgement | None:
 
 def run_campaign(subject: Subject, budget: int, seed: int = 0,
                  progress: Callable[[int, int], None] = lambda done, total: None) -> Campaign:
-    """Judge at most `budget` mutants per operator."""
+    """Judge at most `budget` mutants per operator, after checking that the unmutated
+    configuration verifies and agrees numerically (else a mutant's verdict means nothing)."""
+    baseline = judge(subject, Mutant("none", "", "unmutated", SourceLoc(), subject.ranks))
+    if baseline is None or baseline.numbers_change or baseline.verdict != "verified":
+        raise ScalifyError(f"{subject.name} is not a correct configuration to mutate: "
+                           f"{baseline.verdict if baseline else 'its ranks do not merge'}")
     sampled = [m for operator in OPERATORS for m in mutants(subject.ranks, operator, budget, seed)]
     campaign = Campaign(subject.name)
     for done, mutant in enumerate(sampled, 1):

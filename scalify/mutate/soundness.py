@@ -27,7 +27,7 @@ def _summary(campaign: Campaign) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--budget", type=int, default=3, help="mutants per operator (default: 3)")
+    parser.add_argument("--budget", type=int, default=8, help="mutants per operator (default: 8)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="write every judged mutant here")
     args = parser.parse_args(argv)

@@ -24,10 +24,6 @@ class Subject:
     outputs: list[Placement]
     options: VerifyOptions
 
-    @property
-    def world_size(self) -> int:
-        return len(self.ranks)
-
 
 def capture_subject(config: str | os.PathLike | dict | Experiment) -> Subject:
     """Capture a module experiment's reference and rank graphs, as `scalify.verify` does."""

@@ -1,5 +1,5 @@
 """Mutants of a program's rank graphs: apply a change on every rank, keep it only if every node
-still type-checks, and sample a campaign's mutants deterministically."""
+still type-checks, and sample a campaign's mutants (and the ranks they change) deterministically."""
 from __future__ import annotations
 
 import random
@@ -86,7 +86,7 @@ def _rewritten(graph: Graph, rank: int, change: Change) -> Graph | None:
 
 def mutants(ranks: list[Graph], operator: str, budget: int, seed: int) -> list[Mutant]:
     """At most `budget` type-checking mutants of `operator`, chosen by a seeded draw over
-    every site on rank 0's program."""
+    every site on rank 0's program; each draw also picks the ranks it mutates."""
     world = len(ranks)
     valid = []
     for node in ranks[0]:
@@ -94,5 +94,17 @@ def mutants(ranks: list[Graph], operator: str, budget: int, seed: int) -> list[M
             graphs = apply_change(ranks, change)
             if graphs is not None:
                 valid.append(Mutant(operator, change.node, change.what, node.source, graphs))
-    chosen = random.Random(f"{seed}/{operator}").sample(range(len(valid)), min(budget, len(valid)))
-    return [valid[i] for i in sorted(chosen)]
+    draw = random.Random(f"{seed}/{operator}")
+    chosen = sorted(draw.sample(range(len(valid)), min(budget, len(valid))))
+    return [_scoped(valid[i], ranks, draw) for i in chosen]
+
+
+def _scoped(mutant: Mutant, ranks: list[Graph], draw: random.Random) -> Mutant:
+    """The mutant on every rank, or (for half the draws) on one rank only; a collective is
+    always changed on every rank, since a lone rank's change would leave its peers unmatched."""
+    if ranks[0][mutant.node].op in COLLECTIVES or draw.random() < 0.5:
+        return mutant
+    rank = draw.randrange(len(ranks))
+    graphs = [mutated if r == rank else original
+              for r, (original, mutated) in enumerate(zip(ranks, mutant.ranks))]
+    return replace(mutant, what=f"{mutant.what} (rank {rank} only)", ranks=graphs)

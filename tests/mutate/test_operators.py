@@ -45,10 +45,10 @@ def test_operator_plants_a_shape_valid_change(operator: str) -> None:
     planted = mutants(ranks, operator, budget=100, seed=0)
     assert planted, f"{operator} found no site"
     for mutant in planted:
-        assert len(mutant.ranks) == 2
-        for original, mutated in zip(ranks, mutant.ranks):
-            assert type_checks(mutated)
-            assert mutated.nodes != original.nodes or mutated.outputs != original.outputs
+        assert len(mutant.ranks) == 2 and all(type_checks(g) for g in mutant.ranks)
+        changed = [m.nodes != o.nodes or m.outputs != o.outputs
+                   for o, m in zip(ranks, mutant.ranks)]
+        assert all(changed) or (changed.count(True) == 1 and "only" in mutant.what)
 
 
 def test_sampling_is_seeded_and_bounded() -> None:
@@ -58,10 +58,16 @@ def test_sampling_is_seeded_and_bounded() -> None:
     assert first == again and len(first) == 2
 
 
+def test_collectives_change_on_every_rank() -> None:
+    ranks = [_rank_graph(), _rank_graph()]
+    for mutant in mutants(ranks, "swap reduce op", budget=100, seed=0):
+        assert all(g["ar"].attr("reduce") == "max" for g in mutant.ranks)
+
+
 def test_a_change_that_breaks_shapes_is_skipped() -> None:
     ranks = [_rank_graph(), _rank_graph()]
     wider = Change("part", "slice widened",
                    lambda rank, node: [replace(node, attrs=(("dim", 1), ("start", 0), ("end", 3)))])
     assert apply_change(ranks, wider) is None  # its users expect two columns
-    whats = {m.what for m in mutants(ranks, "reduction dim", budget=100, seed=0)}
-    assert whats == {"softmax dim 1 -> 0"}
+    planted = mutants(ranks, "reduction dim", budget=100, seed=0)
+    assert [m.what.startswith("softmax dim 1 -> 0") for m in planted] == [True]

@@ -3,7 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test matrix browser bench bench-scar clean
+.PHONY: venv demo test matrix soundness browser bench bench-scar clean
 
 venv: $(STAMP)
 
@@ -22,6 +22,12 @@ test: venv
 # Every parallelism x forward/backward cell, verified or caught, printed as a table.
 matrix: venv
 	$(VENV)/bin/python -m scalify.matrix
+
+# Mutation testing: bugs planted in the captured TP graphs of tiny Llama and GPT-2 (TP 2/4/8)
+# must all be caught; prints one table per configuration (ARGS=--budget N to change its size).
+soundness: venv
+	mkdir -p reports
+	$(VENV)/bin/python -m scalify.mutate.soundness --json reports/soundness.json $(ARGS)
 
 # Debian's Chromium, for tests/report/test_html_browser.py; does nothing when it is installed.
 browser:

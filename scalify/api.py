@@ -61,26 +61,45 @@ def verify_modules(reference: nn.Module, rank_module_factory: Callable[[int], nn
     rank_state`, a checkpoint sharding function, states the parameters' placements instead
     (read by `infer_placements`; `param_placements` still override it).
     """
-    inputs = _named(example_inputs)
     input_placements = input_placements or {}
     timings: dict[str, float] = {}
     start = time.perf_counter()
+    ref_graph, rank_graphs = capture_modules(reference, rank_module_factory, world_size,
+                                             example_inputs, input_placements, progress=progress,
+                                             capture_workers=capture_workers, grad=grad)
+    timings["capture_s"] = time.perf_counter() - start
+    start = time.perf_counter()
+    placements = {**stated_placements(reference, world_size, param_placements, shard_fn),
+                  **input_placements}
+    outputs = output_placements or [Replicate()] * len(ref_graph.outputs)
+    return verify_graphs(ref_graph, rank_graphs, placements, outputs, numeric=numeric, name=name,
+                         progress=progress, options=options, executor=executor, timings=timings,
+                         started=start)
+
+
+def stated_placements(reference: nn.Module, world_size: int,
+                      param_placements: dict[str, Placement] | None,
+                      shard_fn: ShardFn | None) -> dict[str, Placement]:
+    """The parameters' placements: `param_placements` over those `shard_fn` implies."""
+    if shard_fn is None:
+        return dict(param_placements or {})
+    state = {**dict(reference.named_parameters(remove_duplicate=False)),
+             **dict(reference.named_buffers())}
+    return {**infer_placements(shard_fn, state, world_size), **(param_placements or {})}
+
+
+def capture_modules(reference: nn.Module, rank_module_factory: Callable[[int], nn.Module],
+                    world_size: int, example_inputs: dict[str, torch.Tensor] | tuple,
+                    input_placements: dict[str, Placement], *, progress: Progress = _quiet,
+                    capture_workers: int = 1, grad: bool = False) -> tuple[Graph, list[Graph]]:
+    """The reference graph and the rank graphs, as `verify_modules` captures them."""
+    inputs = _named(example_inputs)
     ref_graph = capture(reference, lambda: _call(reference, inputs), inputs, grad=grad)
     rank_graphs = capture_ranks(
         rank_module_factory, world_size, lambda r: _local_inputs(inputs, input_placements, r, world_size),
         _call, lambda r: progress("capture", r + 1, world_size), workers=capture_workers,
         grad=grad)
-    timings["capture_s"] = time.perf_counter() - start
-    start = time.perf_counter()
-    if shard_fn is not None:
-        state = {**dict(reference.named_parameters(remove_duplicate=False)),
-                 **dict(reference.named_buffers())}
-        param_placements = {**infer_placements(shard_fn, state, world_size), **(param_placements or {})}
-    placements = {**(param_placements or {}), **input_placements}
-    outputs = output_placements or [Replicate()] * len(ref_graph.outputs)
-    return verify_graphs(ref_graph, rank_graphs, placements, outputs, numeric=numeric, name=name,
-                         progress=progress, options=options, executor=executor, timings=timings,
-                         started=start)
+    return ref_graph, rank_graphs
 
 
 def verify_graphs(ref_graph: Graph, rank_graphs: list[Graph], placements: dict[str, Placement],
@@ -145,11 +164,7 @@ def verify(config: str | os.PathLike | dict | Experiment, *, numeric: bool | Non
         programs.placements, programs.input_placements, output_placements=programs.outputs,
         numeric=experiment.verify.numeric if numeric is None else numeric, name=experiment.name,
         progress=progress, capture_workers=os.cpu_count() or 1,
-        options=VerifyOptions(window_depth=experiment.verify.window_depth,
-                              memo=experiment.verify.memo, memo_store=experiment.verify.memo_store,
-                              rank_symmetry=experiment.verify.rank_symmetry,
-                              context_parallel=experiment.plan.context_parallel > 1,
-                              fused_ops=programs.fused_ops, limits=_limits(experiment)),
+        options=experiment_options(experiment, programs.fused_ops),
         executor=executor or executor_for(experiment.engine), grad=programs.grad,
         shard_fn=programs.shard_fn)
     return _finish(report, experiment)
@@ -157,6 +172,15 @@ def verify(config: str | os.PathLike | dict | Experiment, *, numeric: bool | Non
 
 def _limits(experiment: Experiment) -> WindowLimits:
     return WindowLimits(experiment.verify.window_nodes, experiment.verify.window_seconds)
+
+
+def experiment_options(experiment: Experiment, fused_ops: int = 0) -> VerifyOptions:
+    """The verifier options an experiment's `verify` and `plan` sections ask for."""
+    checks = experiment.verify
+    return VerifyOptions(window_depth=checks.window_depth, memo=checks.memo,
+                         memo_store=checks.memo_store, rank_symmetry=checks.rank_symmetry,
+                         context_parallel=experiment.plan.context_parallel > 1,
+                         fused_ops=fused_ops, limits=_limits(experiment))
 
 
 def _finish(report: Report, experiment: Experiment) -> Report:

@@ -1,7 +1,8 @@
-"""Command line: `scalify verify CONFIG [--json FILE] [--html FILE] [--numeric]` and
-`scalify sweep SWEEP [--out DIR]`.
+"""Command line: `scalify verify CONFIG [--json FILE] [--html FILE] [--numeric]`,
+`scalify sweep SWEEP [--out DIR]` and `scalify mutate CONFIG [--budget N] [--seed S] [--json FILE]`.
 
-Exit codes: 0 verified, 1 discrepancy (or a numeric cross-check that disagrees), 2 bad input.
+Exit codes: 0 verified, 1 discrepancy (or a numeric cross-check that disagrees, or a mutant
+that changes the numbers and still verifies), 2 bad input.
 """
 from __future__ import annotations
 
@@ -27,7 +28,28 @@ def _parser() -> argparse.ArgumentParser:
     sweep = commands.add_parser("sweep", help="verify every point of a grid and plot the cost")
     sweep.add_argument("config", help="sweep YAML file (an experiment plus `grid:`)")
     sweep.add_argument("--out", default="reports", help="folder for the plot (default: reports)")
+    mutate = commands.add_parser("mutate", help="plant bugs in the captured distributed graph "
+                                 "and check that the verifier catches them")
+    mutate.add_argument("config", help="experiment YAML file (a correct configuration)")
+    mutate.add_argument("--budget", type=int, default=4, help="mutants per operator (default: 4)")
+    mutate.add_argument("--seed", type=int, default=0, help="seed of the sampling (default: 0)")
+    mutate.add_argument("--json", help="write every judged mutant here")
     return parser
+
+
+def _mutate(args: argparse.Namespace, console: Console) -> int:
+    from .mutate.campaign import run_campaign
+    from .mutate.report import print_campaign, write_json
+    from .mutate.subject import capture_subject
+
+    with _bars(console) as bars:
+        task = bars.add_task("mutants", total=None)
+        campaign = run_campaign(capture_subject(args.config), args.budget, args.seed,
+                                lambda done, total: bars.update(task, completed=done, total=total))
+    print_campaign(campaign, console)
+    if args.json:
+        write_json([campaign], args.json)
+    return 1 if campaign.survivors() else 0
 
 
 def _bars(console: Console) -> Progress:
@@ -93,11 +115,14 @@ def exit_code(report: Report) -> int:
     return 0 if report.verified and numeric_agrees(report) else 1
 
 
+_COMMANDS = {"verify": _verify, "sweep": _sweep, "mutate": _mutate}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     console = Console(stderr=False)
     try:
-        return _sweep(args, console) if args.command == "sweep" else _verify(args, console)
+        return _COMMANDS[args.command](args, console)
     except ScalifyError as error:
         print(f"scalify: error: {error}", file=sys.stderr)
         return 2

@@ -150,5 +150,6 @@ def cross_check(ref: Graph, dist: DistributedGraph, placements: dict[str, Placem
             if assembled.shape != expected.shape:
                 worst = float("inf")
                 continue
-            worst = max(worst, (assembled - expected).abs().max().item() / scale)
+            error = (assembled - expected).abs().max().item() / scale
+            worst = max(worst, error if error == error else float("inf"))  # NaN: they differ
     return {"max_relative_error": worst, "agrees": worst <= 1e-9, "seed": seed}

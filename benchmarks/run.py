@@ -30,12 +30,12 @@ class _Logits(torch.nn.Module):
 
 def capture_speed(layers: int = 8) -> str:
     """Our dispatch-level tracer against torch.export (non-strict) on the same reference model."""
-    from scalify.api import _LogitsOnly
     from scalify.capture.tracer import capture
     from scalify.models import PRESETS, build_reference, example_inputs, make_hf_config
+    from scalify.steps import Step, hf_logits
 
     config = make_hf_config("llama", dict(PRESETS["llama-3.1-8b"].config, num_hidden_layers=layers))
-    model = _LogitsOnly(build_reference("llama", config))
+    model = Step(build_reference("llama", config), hf_logits)
     inputs = example_inputs("llama", 1, 16)
     start = time.perf_counter()
     graph = capture(model, lambda: model(**inputs), inputs)

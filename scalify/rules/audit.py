@@ -1,0 +1,326 @@
+"""Rule audit: each rule instance checked on variants of its example, numerically and in egglog.
+
+Variants move the example's integers (dims, sizes, offsets) by one or two, singly and in pairs,
+re-draw its tensors with other seeds, grow or shrink one axis of every tensor, and swap the
+values its side conditions test (trait keys, invariant tensors made rank-varying). A variant
+whose terms do not evaluate is ill-typed and skipped. For every other variant the rule is
+loaded alone into a fresh e-graph with the variant's concrete terms and the facts a window would
+state (every leaf's dim sizes, invariance of the rank-invariant leaves, the trait facts and the
+tensor equalities its conditions test that hold), and run once. Sound means: where the Python
+conditions hold, both sides agree on every rank and egglog unifies them; where they do not,
+either both sides still agree or egglog does not unify them.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from egglog import bindings
+
+from . import trait_facts
+from .base import Rule, check_conditions
+from .examples import tensor
+from .families import BINARY_KEYS, FACTS, UNARY_KEYS
+from .terms import (DECLARATIONS, App, At, Family, IndexOutOfRange, Term, evaluate, parse,
+                    render)
+
+RULESET = "audit"
+SEEDS = (1, 2)  # re-draws of the example's tensors
+STEPS = (-2, -1, 1, 2)  # moves of one integer
+PAIR_STEPS = (-1, 1)  # moves of two integers the conditions read, together
+AXIS_STEPS = (-1, 1, 2)  # changes to one axis of every tensor
+TRAIT_KEYS = UNARY_KEYS + BINARY_KEYS  # op keys tried in place of a trait-tested one
+
+
+@dataclass(frozen=True)
+class Variant:
+    """Bindings derived from a rule's example; `label` says how."""
+
+    label: str
+    env: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One well-typed variant: do the conditions hold, do both sides agree, did egglog unify."""
+
+    label: str
+    holds: bool
+    agree: bool
+    fired: bool
+
+    @property
+    def unsound(self) -> bool:
+        """The rule (as egglog runs it) equates two sides that differ."""
+        return not self.agree and (self.holds or self.fired)
+
+    @property
+    def missed(self) -> bool:
+        """The conditions hold but egglog's encoding of them did not let the rule fire."""
+        return self.holds and not self.fired
+
+
+@dataclass
+class Audit:
+    """The audit of one rule instance."""
+
+    rule: Rule
+    choice: dict[str, str]
+    outcomes: list[Outcome] = field(default_factory=list)
+    skipped: int = 0  # ill-typed variants
+
+    @property
+    def satisfying(self) -> int:
+        return sum(o.holds for o in self.outcomes)
+
+    @property
+    def boundary(self) -> int:
+        """Variants that violate the conditions with sides that differ: egglog must not fire."""
+        return sum(not o.holds and not o.agree for o in self.outcomes)
+
+    def problems(self) -> list[Outcome]:
+        return [o for o in self.outcomes if o.unsound or o.missed]
+
+
+def audit(rule: Rule, choice: dict[str, str]) -> Audit:
+    """Check one instance of `rule` on every variant of its example."""
+    result = Audit(rule, choice)
+    evaluable = []
+    for variant in variants(rule, choice):
+        judged = _judge(rule, variant.env)
+        if judged is None:
+            result.skipped += 1
+        else:
+            evaluable.append((variant, *judged))
+    fired = _fired(rule, [variant.env for variant, _, _ in evaluable])
+    result.outcomes = [Outcome(variant.label, holds, agree, hit)
+                       for (variant, holds, agree), hit in zip(evaluable, fired)]
+    return result
+
+
+# Variants.
+
+def variants(rule: Rule, choice: dict[str, str]) -> list[Variant]:
+    """The example itself first, then its re-draws, moves and swaps (deterministic)."""
+    env = rule.example(torch.Generator().manual_seed(0), choice)
+    found = [Variant("example", env)]
+    found += [Variant(f"seed {seed}", rule.example(torch.Generator().manual_seed(seed), choice))
+              for seed in SEEDS]
+    found += _integer_moves(rule, env) + _axis_changes(env) + _swaps(rule, env)
+    return found
+
+
+def _integer_moves(rule: Rule, env: dict[str, Any]) -> list[Variant]:
+    """Each integer moved by STEPS, and pairs of integers the conditions read moved together.
+    A move keeps the sign: dims and sizes are non-negative in terms, offsets negative."""
+    ints = [name for name, value in env.items() if type(value) is int]
+    read = sorted(set(ints) & _condition_vars(rule))
+    moves = [((name, step),) for name in ints for step in STEPS]
+    moves += [((a, s), (b, t)) for a, b in itertools.combinations(read, 2)
+              for s in PAIR_STEPS for t in PAIR_STEPS]
+    found = []
+    for move in moves:
+        moved = {name: env[name] + step for name, step in move}
+        if all((value < 0) == (env[name] < 0) for name, value in moved.items()):
+            label = " ".join(f"{name}{step:+d}" for name, step in move)
+            found.append(Variant(label, {**env, **moved}))
+    return found
+
+
+def _axis_changes(env: dict[str, Any]) -> list[Variant]:
+    """Axis `a` (counted from the front, or from the back) of every tensor that has it
+    changed by AXIS_STEPS, with fresh values; once alone and once with the integers that named
+    its old size following it."""
+    gen = torch.Generator().manual_seed(3)
+    ndim = max((t.dim() for t in _tensors(env)), default=0)
+    found = []
+    for axis in [*range(ndim), *range(-ndim, 0)]:
+        for step in AXIS_STEPS:
+            resized = {name: _resize(value, axis, step, gen) for name, value in env.items()
+                       if isinstance(value, (torch.Tensor, Family))}
+            old = {s for t in _tensors(env) if -t.dim() <= axis < t.dim() for s in [t.shape[axis]]}
+            if any(v is None for v in resized.values()) or not old:
+                continue
+            found.append(Variant(f"axis {axis}{step:+d}", {**env, **resized}))
+            sizes = {name: value + step for name, value in env.items()
+                     if type(value) is int and value in old and value > 1}
+            if sizes:
+                found.append(Variant(f"axis {axis}{step:+d} with sizes", {**env, **resized, **sizes}))
+    return found
+
+
+def _resize(value: Any, axis: int, step: int, gen: torch.Generator) -> Any:
+    if isinstance(value, Family):
+        parts = [_resize(part, axis, step, gen) for part in value]
+        return None if any(p is None for p in parts) else Family(parts)
+    if not -value.dim() <= axis < value.dim():
+        return value
+    shape = list(value.shape)
+    shape[axis] += step
+    if shape[axis] < 1:
+        return None
+    return _redraw(value, shape, gen)
+
+
+def _redraw(value: torch.Tensor, shape: list[int], gen: torch.Generator) -> torch.Tensor:
+    """Fresh values like `value`'s (same dtype and range) in `shape`."""
+    if value.dtype == torch.bool:
+        return torch.rand(shape, generator=gen) > 0.5
+    if not value.is_floating_point():
+        low, high = (int(value.min()), int(value.max())) if value.numel() else (0, 1)
+        return torch.randint(low, high + 1, shape, generator=gen, dtype=value.dtype)
+    return tensor(gen, *shape).to(value.dtype)
+
+
+def _swaps(rule: Rule, env: dict[str, Any]) -> list[Variant]:
+    """Values the conditions test by kind, swapped: another op key for a trait-tested one, and
+    rank-varying values for an invariant tensor."""
+    gen = torch.Generator().manual_seed(4)
+    found = []
+    for head, name in _tested(rule):
+        if head in FACTS:
+            found += [Variant(f"{name}={key}", {**env, name: key}) for key in TRAIT_KEYS
+                      if key != env[name]]
+        elif head == "inv" and isinstance(env[name], torch.Tensor):
+            ranks = Family(_redraw(env[name], list(env[name].shape), gen) for _ in range(rule.world))
+            found.append(Variant(f"{name} rank-varying", {**env, name: ranks}))
+    return found
+
+
+def _tested(rule: Rule) -> list[tuple[str, str]]:
+    """(fact, variable) for each one-variable fact the conditions test."""
+    tested = []
+    for text in rule.when:
+        term = parse(text)
+        if isinstance(term, App) and len(term.args) == 1 and isinstance(term.args[0], str):
+            tested.append((term.head, term.args[0].lstrip("?")))
+    return tested
+
+
+def _condition_vars(rule: Rule) -> set[str]:
+    return {name for text in rule.when for name in _variables(parse(text))}
+
+
+def _variables(term: Term) -> list[str]:
+    if isinstance(term, App):
+        return [name for arg in term.args for name in _variables(arg)]
+    return [term[1:]] if isinstance(term, str) and term.startswith("?") else []
+
+
+def _tensors(env: dict[str, Any]) -> list[torch.Tensor]:
+    return [t for value in env.values() if isinstance(value, (torch.Tensor, Family))
+            for t in (value if isinstance(value, Family) else [value])]
+
+
+# Numeric judgement.
+
+def _judge(rule: Rule, env: dict[str, Any]) -> tuple[bool, bool] | None:
+    """(conditions hold on every rank, sides agree on every rank); None where the lhs (or the
+    trigger) is ill-typed, or a side indexes outside its range (ids lie in [0, vocab)). An
+    ill-typed rhs of a well-typed lhs disagrees with it."""
+    ranks = At(0, rule.world).each()
+    seeds = [parse(text) for text in (rule.lhs, rule.trigger) if text is not None]
+    try:
+        left = [[evaluate(term, env, at) for term in seeds][0] for at in ranks]
+        right = [_evaluate_rhs(rule, env, at) for at in ranks]
+    except Exception:  # noqa: BLE001 - any failure to evaluate means the term is ill-typed
+        return None
+    agree = all(isinstance(r, torch.Tensor) and l.shape == r.shape
+                and torch.allclose(l.double(), r.double(), rtol=1e-9, atol=1e-9, equal_nan=True)
+                for l, r in zip(left, right))
+    return all(_holds(rule, env, at) for at in ranks), agree
+
+
+def _evaluate_rhs(rule: Rule, env: dict[str, Any], at: At) -> torch.Tensor | None:
+    """The rhs, or None where it is ill-typed (IndexOutOfRange propagates)."""
+    try:
+        return evaluate(parse(rule.rhs), env, at)
+    except IndexOutOfRange:
+        raise
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _holds(rule: Rule, env: dict[str, Any], at: At) -> bool:
+    try:
+        return check_conditions(rule, env, FACTS, at)
+    except Exception:  # noqa: BLE001 - a condition that cannot be evaluated does not hold
+        return False
+
+
+# egglog judgement.
+
+def _fired(rule: Rule, envs: list[dict[str, Any]]) -> list[bool]:
+    """For each env: does one run of the rule, alone in an e-graph holding every env's terms
+    and facts, unify its lhs with its rhs."""
+    egraph = bindings.EGraph()
+    setup = [DECLARATIONS, trait_facts(), f"(ruleset {RULESET})", rule.egglog(RULESET),
+             f"(set (world) {rule.world})"]
+    for i, env in enumerate(envs):
+        setup += _facts(rule, env, i)
+        setup.append(f"(let $seed{i} {_concrete(rule.trigger or rule.lhs, env, i)})")
+    setup.append(f"(run {RULESET} 1)")
+    _run(egraph, "\n".join(setup))
+    fired = []
+    for i, env in enumerate(envs):
+        sides = [_concrete(side, env, i) for side in (rule.lhs, rule.rhs)]
+        try:
+            _run(egraph, f"(let $lhs{i} {sides[0]})\n(let $rhs{i} {sides[1]})\n"
+                         f"(check (= $lhs{i} $rhs{i}))")
+            fired.append(True)
+        except bindings.EggSmolError:
+            fired.append(False)
+    return fired
+
+
+def _facts(rule: Rule, env: dict[str, Any], i: int) -> list[str]:
+    """What a window states about env's leaves, and the tensor equalities the conditions test
+    that hold on every rank."""
+    facts = []
+    for name, value in env.items():
+        if isinstance(value, (torch.Tensor, Family)):
+            leaf = _leaf(name, i)
+            shape = (value[0] if isinstance(value, Family) else value).shape
+            facts += [f"(set (dimsize {leaf} {dim}) {size})" for dim, size in enumerate(shape)]
+            if isinstance(value, torch.Tensor):
+                facts.append(f"(inv {leaf})")
+    for text in rule.when:
+        term = parse(text)
+        if term.head == "=" and _equal_tensors(term, env, rule.world):
+            left, right = (render(_substitute(a, env, i)) for a in term.args)
+            facts.append(f"(union {left} {right})")
+    return facts
+
+
+def _equal_tensors(term: App, env: dict[str, Any], world: int) -> bool:
+    try:
+        values = [[evaluate(a, env, at) for a in term.args] for at in At(0, world).each()]
+    except Exception:  # noqa: BLE001 - not evaluable: no fact
+        return False
+    return all(isinstance(l, torch.Tensor) and isinstance(r, torch.Tensor) and torch.equal(l, r)
+               for l, r in values)
+
+
+def _concrete(text: str, env: dict[str, Any], i: int) -> str:
+    return render(_substitute(parse(text), env, i))
+
+
+def _substitute(term: Term, env: dict[str, Any], i: int) -> Term:
+    """The pattern with env's values: integers and strings as literals, tensors as leaves."""
+    if isinstance(term, App):
+        return App(term.head, tuple(_substitute(a, env, i) for a in term.args))
+    if not (isinstance(term, str) and term.startswith("?")):
+        return term
+    name = term[1:]
+    value = env[name]
+    return parse(_leaf(name, i)) if isinstance(value, (torch.Tensor, Family)) else value
+
+
+def _leaf(name: str, i: int) -> str:
+    return f'(dist "{i}/{name}")'
+
+
+def _run(egraph: bindings.EGraph, program: str) -> None:
+    egraph.run_program(*egraph.parse_program(program))

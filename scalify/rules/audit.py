@@ -13,6 +13,8 @@ either both sides still agree or egglog does not unify them.
 from __future__ import annotations
 
 import itertools
+import re
+from functools import cache
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,14 +25,15 @@ from . import trait_facts
 from .base import Rule, check_conditions
 from .examples import tensor
 from .families import BINARY_KEYS, FACTS, UNARY_KEYS
-from .terms import (DECLARATIONS, App, At, Family, IndexOutOfRange, Term, evaluate, parse,
-                    render)
+from .terms import DECLARATIONS, App, At, Family, IndexOutOfRange, Term, evaluate, render
+from .terms import parse as parse_term
 
 RULESET = "audit"
 SEEDS = (1, 2)  # re-draws of the example's tensors
 STEPS = (-2, -1, 1, 2)  # moves of one integer
 PAIR_STEPS = (-1, 1)  # moves of two integers the conditions read, together
 AXIS_STEPS = (-1, 1, 2)  # changes to one axis of every tensor
+ARITHMETIC = frozenset("+-*/%")
 TRAIT_KEYS = UNARY_KEYS + BINARY_KEYS  # op keys tried in place of a trait-tested one
 
 
@@ -44,60 +47,67 @@ class Variant:
 
 @dataclass(frozen=True)
 class Outcome:
-    """One well-typed variant: do the conditions hold, do both sides agree, did egglog unify."""
+    """One variant: do the conditions hold (on every rank), do both sides agree (None where the
+    lhs is ill-typed or indexes outside its range: not a term), did egglog unify them (None
+    where they are one term, or not run: egglog runs the example and the variants that change
+    a value the conditions read)."""
 
     label: str
     holds: bool
-    agree: bool
-    fired: bool
+    agree: bool | None
+    fired: bool | None
 
     @property
     def unsound(self) -> bool:
-        """The rule (as egglog runs it) equates two sides that differ."""
-        return not self.agree and (self.holds or self.fired)
+        """The rule (as Python or egglog reads its conditions) equates two sides that differ."""
+        return self.agree is False and (self.holds or self.fired is True)
 
     @property
-    def missed(self) -> bool:
-        """The conditions hold but egglog's encoding of them did not let the rule fire."""
-        return self.holds and not self.fired
+    def mismatch(self) -> bool:
+        """egglog's encoding of the conditions disagrees with their Python meaning."""
+        return self.fired is not None and self.fired != self.holds
 
 
-@dataclass
+@dataclass(frozen=True)
 class Audit:
     """The audit of one rule instance."""
 
     rule: Rule
     choice: dict[str, str]
-    outcomes: list[Outcome] = field(default_factory=list)
-    skipped: int = 0  # ill-typed variants
+    outcomes: list[Outcome]
+
+    @property
+    def typed(self) -> list[Outcome]:
+        """The variants that are terms (checked numerically)."""
+        return [o for o in self.outcomes if o.agree is not None]
 
     @property
     def satisfying(self) -> int:
-        return sum(o.holds for o in self.outcomes)
+        return sum(o.holds for o in self.typed)
+
+    @property
+    def violating(self) -> int:
+        """Variants that violate the conditions, where egglog was checked not to fire."""
+        return sum(not o.holds for o in self.outcomes)
 
     @property
     def boundary(self) -> int:
-        """Variants that violate the conditions with sides that differ: egglog must not fire."""
-        return sum(not o.holds and not o.agree for o in self.outcomes)
+        """Terms that violate the conditions and whose sides differ: firing would be unsound."""
+        return sum(not o.holds and o.agree is False for o in self.outcomes)
 
     def problems(self) -> list[Outcome]:
-        return [o for o in self.outcomes if o.unsound or o.missed]
+        return [o for o in self.outcomes if o.unsound or o.mismatch]
 
 
 def audit(rule: Rule, choice: dict[str, str]) -> Audit:
     """Check one instance of `rule` on every variant of its example."""
-    result = Audit(rule, choice)
-    evaluable = []
-    for variant in variants(rule, choice):
-        judged = _judge(rule, variant.env)
-        if judged is None:
-            result.skipped += 1
-        else:
-            evaluable.append((variant, *judged))
-    fired = _fired(rule, [variant.env for variant, _, _ in evaluable])
-    result.outcomes = [Outcome(variant.label, holds, agree, hit)
-                       for (variant, holds, agree), hit in zip(evaluable, fired)]
-    return result
+    found = variants(rule, choice)
+    read = _condition_vars(rule)
+    checked = [i for i, variant in enumerate(found)
+               if i == 0 or any(variant.env[name] is not found[0].env[name] for name in read)]
+    fired = dict(zip(checked, _fired(rule, [found[i].env for i in checked])))
+    return Audit(rule, choice, [Outcome(variant.label, *_judge(rule, variant.env), fired.get(i))
+                                for i, variant in enumerate(found)])
 
 
 # Variants.
@@ -216,21 +226,21 @@ def _tensors(env: dict[str, Any]) -> list[torch.Tensor]:
 
 # Numeric judgement.
 
-def _judge(rule: Rule, env: dict[str, Any]) -> tuple[bool, bool] | None:
-    """(conditions hold on every rank, sides agree on every rank); None where the lhs (or the
-    trigger) is ill-typed, or a side indexes outside its range (ids lie in [0, vocab)). An
-    ill-typed rhs of a well-typed lhs disagrees with it."""
+def _judge(rule: Rule, env: dict[str, Any]) -> tuple[bool, bool | None]:
+    """(the conditions hold on every rank, both sides agree on every rank). An ill-typed rhs
+    of a well-typed lhs disagrees with it; agreement is None where the lhs or the trigger is
+    ill-typed or a side indexes outside its range (ids lie in [0, vocab))."""
     ranks = At(0, rule.world).each()
-    seeds = [parse(text) for text in (rule.lhs, rule.trigger) if text is not None]
+    holds = all(_holds(rule, env, at) for at in ranks)
     try:
-        left = [[evaluate(term, env, at) for term in seeds][0] for at in ranks]
+        left = [evaluate(parse(rule.lhs), env, at) for at in ranks]
+        if rule.trigger is not None:
+            [evaluate(parse(rule.trigger), env, at) for at in ranks]
         right = [_evaluate_rhs(rule, env, at) for at in ranks]
     except Exception:  # noqa: BLE001 - any failure to evaluate means the term is ill-typed
-        return None
-    agree = all(isinstance(r, torch.Tensor) and l.shape == r.shape
-                and torch.allclose(l.double(), r.double(), rtol=1e-9, atol=1e-9, equal_nan=True)
-                for l, r in zip(left, right))
-    return all(_holds(rule, env, at) for at in ranks), agree
+        return holds, None
+    return holds, all(r is not None and l.shape == r.shape and torch.allclose(
+        l.double(), r.double(), rtol=1e-9, atol=1e-9, equal_nan=True) for l, r in zip(left, right))
 
 
 def _evaluate_rhs(rule: Rule, env: dict[str, Any], at: At) -> torch.Tensor | None:
@@ -252,27 +262,40 @@ def _holds(rule: Rule, env: dict[str, Any], at: At) -> bool:
 
 # egglog judgement.
 
-def _fired(rule: Rule, envs: list[dict[str, Any]]) -> list[bool]:
+def _fired(rule: Rule, envs: list[dict[str, Any]]) -> list[bool | None]:
     """For each env: does one run of the rule, alone in an e-graph holding every env's terms
-    and facts, unify its lhs with its rhs."""
+    and facts, unify its lhs with its rhs (None where they are one term)."""
+    texts = [_texts(rule, env, i) for i, env in enumerate(envs)]
+    terms = [_loader("terms", [*_facts(rule, env, i), f"(let seed{i} {text[0]})"])
+             for i, (env, text) in enumerate(zip(envs, texts)) if text is not None]
+    sides = [_loader("sides", [f"(union (side {i} {j}) {side})" for j, side in enumerate(text[1:])])
+             for i, text in enumerate(texts) if text is not None]
+    program = [DECLARATIONS, trait_facts(), "(constructor side (i64 i64) T)",
+               "(relation fired_at (i64))", f"(set (world) {rule.world})",
+               *(f"(ruleset {name})" for name in (RULESET, "terms", "sides", "probe")),
+               rule.egglog(RULESET), *terms, *sides,
+               "(rule ((= x (side i 0)) (= x (side i 1))) ((fired_at i)) :ruleset probe)",
+               *(f"(run {name} 1)" for name in ("terms", RULESET, "sides", "probe")),
+               f"(print-function fired_at {len(envs) + 1})"]
     egraph = bindings.EGraph()
-    setup = [DECLARATIONS, trait_facts(), f"(ruleset {RULESET})", rule.egglog(RULESET),
-             f"(set (world) {rule.world})"]
-    for i, env in enumerate(envs):
-        setup += _facts(rule, env, i)
-        setup.append(f"(let $seed{i} {_concrete(rule.trigger or rule.lhs, env, i)})")
-    setup.append(f"(run {RULESET} 1)")
-    _run(egraph, "\n".join(setup))
-    fired = []
-    for i, env in enumerate(envs):
-        sides = [_concrete(side, env, i) for side in (rule.lhs, rule.rhs)]
-        try:
-            _run(egraph, f"(let $lhs{i} {sides[0]})\n(let $rhs{i} {sides[1]})\n"
-                         f"(check (= $lhs{i} $rhs{i}))")
-            fired.append(True)
-        except bindings.EggSmolError:
-            fired.append(False)
-    return fired
+    printed = str(egraph.run_program(*egraph.parse_program("\n".join(program)))[-1])
+    unified = {int(i) for i in re.findall(r"\(fired_at (\d+)\)", printed)}
+    return [None if text is not None and text[1] == text[2] else i in unified
+            for i, text in enumerate(texts)]
+
+
+def _loader(ruleset: str, actions: list[str]) -> str:
+    """A query-less rule doing `actions` (fewer commands than one each: each costs time)."""
+    return f"(rule () ({' '.join(actions)}) :ruleset {ruleset})"
+
+
+def _texts(rule: Rule, env: dict[str, Any], i: int) -> tuple[str, str, str] | None:
+    """The concrete seed (trigger or lhs), lhs and rhs; None where their integer arithmetic
+    fails (a division by zero: egglog could not build them either)."""
+    try:
+        return tuple(_concrete(text, env, i) for text in (rule.trigger or rule.lhs, rule.lhs, rule.rhs))
+    except ZeroDivisionError:
+        return None
 
 
 def _facts(rule: Rule, env: dict[str, Any], i: int) -> list[str]:
@@ -308,9 +331,11 @@ def _concrete(text: str, env: dict[str, Any], i: int) -> str:
 
 
 def _substitute(term: Term, env: dict[str, Any], i: int) -> Term:
-    """The pattern with env's values: integers and strings as literals, tensors as leaves."""
+    """The pattern with env's values: integers and strings as literals, tensors as leaves,
+    integer arithmetic folded as the numeric check computes it."""
     if isinstance(term, App):
-        return App(term.head, tuple(_substitute(a, env, i) for a in term.args))
+        applied = App(term.head, tuple(_substitute(a, env, i) for a in term.args))
+        return evaluate(applied, {}) if term.head in ARITHMETIC else applied
     if not (isinstance(term, str) and term.startswith("?")):
         return term
     name = term[1:]
@@ -322,5 +347,7 @@ def _leaf(name: str, i: int) -> str:
     return f'(dist "{i}/{name}")'
 
 
-def _run(egraph: bindings.EGraph, program: str) -> None:
-    egraph.run_program(*egraph.parse_program(program))
+@cache
+def parse(text: str) -> Term:
+    """Rule texts parsed once (a term is immutable)."""
+    return parse_term(text)

@@ -1,21 +1,22 @@
 """Rule audit: each rule instance checked on variants of its example, numerically and in egglog.
 
-Variants move the example's integers (dims, sizes, offsets) by one or two, singly and in pairs,
-re-draw its tensors with other seeds, grow or shrink one axis of every tensor, and swap the
-values its side conditions test (trait keys, invariant tensors made rank-varying). A variant
-whose terms do not evaluate is ill-typed and skipped. For every other variant the rule is
-loaded alone into a fresh e-graph with the variant's concrete terms and the facts a window would
-state (every leaf's dim sizes, invariance of the rank-invariant leaves, the trait facts and the
-tensor equalities its conditions test that hold), and run once. Sound means: where the Python
-conditions hold, both sides agree on every rank and egglog unifies them; where they do not,
-either both sides still agree or egglog does not unify them.
+Variants re-draw the example's tensors with other seeds, move its integers (dims, sizes,
+offsets) by one or two, singly and in pairs, change one axis of every tensor (random shapes), and
+swap the values its side conditions test (trait keys; invariant tensors made rank-varying).
+A variant whose lhs does not evaluate (the typed evaluator of terms.py refuses it) is not a
+term and is not checked numerically. egglog runs the example and every variant that changes a
+value the conditions read: the rule alone in a fresh e-graph with the variants' concrete terms
+and the facts a window would state (every leaf's dim sizes, invariance of the rank-invariant
+leaves, the trait facts, and the tensor equalities the conditions test where they hold), run
+once. Sound means: where the Python conditions hold, both sides agree on every rank; egglog
+unifies the sides exactly where the Python conditions hold.
 """
 from __future__ import annotations
 
 import itertools
 import re
+from dataclasses import dataclass
 from functools import cache
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -157,7 +158,8 @@ def _axis_changes(env: dict[str, Any]) -> list[Variant]:
             sizes = {name: value + step for name, value in env.items()
                      if type(value) is int and value in old and value > 1}
             if sizes:
-                found.append(Variant(f"axis {axis}{step:+d} with sizes", {**env, **resized, **sizes}))
+                found.append(Variant(f"axis {axis}{step:+d} with sizes",
+                                     {**env, **resized, **sizes}))
     return found
 
 
@@ -194,7 +196,8 @@ def _swaps(rule: Rule, env: dict[str, Any]) -> list[Variant]:
             found += [Variant(f"{name}={key}", {**env, name: key}) for key in TRAIT_KEYS
                       if key != env[name]]
         elif head == "inv" and isinstance(env[name], torch.Tensor):
-            ranks = Family(_redraw(env[name], list(env[name].shape), gen) for _ in range(rule.world))
+            value = env[name]
+            ranks = Family(_redraw(value, list(value.shape), gen) for _ in range(rule.world))
             found.append(Variant(f"{name} rank-varying", {**env, name: ranks}))
     return found
 
@@ -234,8 +237,9 @@ def _judge(rule: Rule, env: dict[str, Any]) -> tuple[bool, bool | None]:
     holds = all(_holds(rule, env, at) for at in ranks)
     try:
         left = [evaluate(parse(rule.lhs), env, at) for at in ranks]
-        if rule.trigger is not None:
-            [evaluate(parse(rule.trigger), env, at) for at in ranks]
+        if rule.trigger is not None:  # a trigger that is not a term is in no e-graph
+            for at in ranks:
+                evaluate(parse(rule.trigger), env, at)
         right = [_evaluate_rhs(rule, env, at) for at in ranks]
     except Exception:  # noqa: BLE001 - any failure to evaluate means the term is ill-typed
         return holds, None
@@ -293,7 +297,9 @@ def _texts(rule: Rule, env: dict[str, Any], i: int) -> tuple[str, str, str] | No
     """The concrete seed (trigger or lhs), lhs and rhs; None where their integer arithmetic
     fails (a division by zero: egglog could not build them either)."""
     try:
-        return tuple(_concrete(text, env, i) for text in (rule.trigger or rule.lhs, rule.lhs, rule.rhs))
+        seed, lhs, rhs = (_concrete(text, env, i)
+                          for text in (rule.trigger or rule.lhs, rule.lhs, rule.rhs))
+        return seed, lhs, rhs
     except ZeroDivisionError:
         return None
 

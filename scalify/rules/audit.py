@@ -88,7 +88,8 @@ class Audit:
 
     @property
     def violating(self) -> int:
-        """Variants that violate the conditions, where egglog was checked not to fire."""
+        """Variants that violate the conditions (egglog runs them all: they change a value the
+        conditions read)."""
         return sum(not o.holds for o in self.outcomes)
 
     @property

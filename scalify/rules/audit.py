@@ -1,8 +1,9 @@
 """Rule audit: each rule instance checked on variants of its example, numerically and in egglog.
 
 Variants re-draw the example's tensors with other seeds, move its integers (dims, sizes,
-offsets) by one or two, singly and in pairs, change one axis of every tensor (random shapes), and
-swap the values its side conditions test (trait keys; invariant tensors made rank-varying).
+offsets) by one or two, singly and in pairs, change one axis of every tensor or one size
+wherever it occurs (random shapes), and swap the values its side conditions test (trait keys;
+invariant tensors made rank-varying).
 A variant whose lhs does not evaluate (the typed evaluator of terms.py refuses it) is not a
 term and is not checked numerically. egglog runs the example and every variant that changes a
 value the conditions read: the rule alone in a fresh e-graph with the variants' concrete terms
@@ -34,6 +35,7 @@ SEEDS = (1, 2)  # re-draws of the example's tensors
 STEPS = (-2, -1, 1, 2)  # moves of one integer
 PAIR_STEPS = (-1, 1)  # moves of two integers the conditions read, together
 AXIS_STEPS = (-1, 1, 2)  # changes to one axis of every tensor
+SIZE_STEPS = (-1, 1)  # changes to one size wherever it occurs
 ARITHMETIC = frozenset("+-*/%")
 TRAIT_KEYS = UNARY_KEYS + BINARY_KEYS  # op keys tried in place of a trait-tested one
 
@@ -120,8 +122,8 @@ def variants(rule: Rule, choice: dict[str, str]) -> list[Variant]:
     found = [Variant("example", env)]
     found += [Variant(f"seed {seed}", rule.example(torch.Generator().manual_seed(seed), choice))
               for seed in SEEDS]
-    found += _integer_moves(rule, env) + _axis_changes(env) + _swaps(rule, env)
-    return found
+    found += _integer_moves(rule, env) + _axis_changes(env) + _size_changes(env)
+    return found + _swaps(rule, env)
 
 
 def _integer_moves(rule: Rule, env: dict[str, Any]) -> list[Variant]:
@@ -162,6 +164,29 @@ def _axis_changes(env: dict[str, Any]) -> list[Variant]:
                 found.append(Variant(f"axis {axis}{step:+d} with sizes",
                                      {**env, **resized, **sizes}))
     return found
+
+
+def _size_changes(env: dict[str, Any]) -> list[Variant]:
+    """Each size above 1 changed by SIZE_STEPS wherever it occurs: on every tensor axis of
+    that size (fresh values) and in every integer equal to it."""
+    gen = torch.Generator().manual_seed(5)
+    sizes = sorted({size for t in _tensors(env) for size in t.shape if size > 1})
+    found = []
+    for size, step in itertools.product(sizes, SIZE_STEPS):
+        changed = {name: _reshape(value, size, size + step, gen) for name, value in env.items()
+                   if isinstance(value, (torch.Tensor, Family))}
+        changed |= {name: size + step for name, value in env.items()
+                    if type(value) is int and value == size}
+        found.append(Variant(f"size {size}{step:+d}", {**env, **changed}))
+    return found
+
+
+def _reshape(value: Any, old: int, new: int, gen: torch.Generator) -> Any:
+    if isinstance(value, Family):
+        return Family(_reshape(part, old, new, gen) for part in value)
+    if old not in value.shape:
+        return value
+    return _redraw(value, [new if size == old else size for size in value.shape], gen)
 
 
 def _resize(value: Any, axis: int, step: int, gen: torch.Generator) -> Any:

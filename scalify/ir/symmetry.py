@@ -48,7 +48,7 @@ def symbolic_program(graphs: list[Graph]) -> tuple[DistributedGraph | None, str]
     nodes = []
     for position, node in enumerate(first.nodes):
         peers = [g.nodes[position] for g in graphs]
-        symbolic, why = _unify(node, peers, world)
+        symbolic, why = _unify(node, peers, first)
         if symbolic is None:
             return None, why
         nodes.append(symbolic)
@@ -59,7 +59,8 @@ def symbolic_program(graphs: list[Graph]) -> tuple[DistributedGraph | None, str]
     return DistributedGraph(graph, world, [list(graph.outputs)], order, symbolic=True), "used"
 
 
-def _unify(node: Node, peers: list[Node], world: int) -> tuple[Node | None, str]:
+def _unify(node: Node, peers: list[Node], graph: Graph) -> tuple[Node | None, str]:
+    world = len(peers)
     for peer in peers[1:]:
         if (peer.op, peer.inputs, peer.shape, peer.dtype, [k for k, _ in peer.attrs]) != \
                 (node.op, node.inputs, node.shape, node.dtype, [k for k, _ in node.attrs]):
@@ -82,7 +83,7 @@ def _unify(node: Node, peers: list[Node], world: int) -> tuple[Node | None, str]
         if group != tuple(range(world)):
             return None, f"{node.source}: {node.op} on the sub-group {list(group)}"
         attrs = [(k, v) for k, v in attrs if k != "group"] + [("family", world)]
-    if node.op == "slice" and not _rank_block(dict(attrs)):
+    if node.op == "slice" and not _rank_block(dict(attrs), graph[node.inputs[0]].shape, world):
         return None, f"{node.source}: a rank-dependent slice that is not the rank's own block"
     if node.op == "pad" and not _rank_block_in_zeros(dict(attrs), world):
         return None, f"{node.source}: a rank-dependent pad that does not put the rank's block in zeros"
@@ -97,13 +98,15 @@ def _affine(values: list) -> RankAffine | None:
     return affine if all(affine.at(r) == v for r, v in enumerate(values)) else None
 
 
-def _rank_block(attrs: dict) -> bool:
-    """A slice whose bounds are constant, or exactly block `rank` of equal blocks."""
+def _rank_block(attrs: dict, shape: tuple[int, ...], world: int) -> bool:
+    """A slice whose bounds are constant, or exactly block `rank` of `world` equal blocks that
+    tile the dim (of size `shape[dim]`)."""
     start, end = attrs["start"], attrs["end"]
     if not isinstance(start, RankAffine) and not isinstance(end, RankAffine):
         return True
     return (isinstance(start, RankAffine) and isinstance(end, RankAffine) and start.offset == 0
-            and start.scale == end.scale == end.offset)
+            and start.scale == end.scale == end.offset
+            and start.scale * world == shape[attrs["dim"]])
 
 
 def _rank_block_in_zeros(attrs: dict, world: int) -> bool:

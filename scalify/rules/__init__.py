@@ -27,20 +27,25 @@ def rank_rules() -> list[Rule]:
 OPTIONAL_RULESETS = (PER_RANK_RULESET, ranks.RULESET, context.RULESET)
 
 
+def trait_facts() -> str:
+    """The trait relations (`additive`, ...) and their members, as egglog commands."""
+    relations = [f"(relation {name} (String))" for name in sorted(FACTS)]
+    facts = [f"({name} {render(member)})" for name, members in sorted(FACTS.items())
+             for member in sorted(members)]
+    return "\n".join(relations + facts)
+
+
 def prelude(rulesets: Collection[str] = OPTIONAL_RULESETS) -> str:
     """Declarations, trait facts and the rules (the lemmas and those of the optional
     `rulesets`: loading a ruleset's rules costs time even where it never runs), as one egglog
     program."""
-    relations = "\n".join(f"(relation {name} (String))" for name in sorted(FACTS))
-    facts = "\n".join(f"({name} {render(member)})" for name, members in sorted(FACTS.items())
-                      for member in sorted(members))
     rules = [rule.egglog(RULESET) for theory in THEORIES for rule in theory.rules()]
     optional = {PER_RANK_RULESET: [rule.egglog(PER_RANK_RULESET) for rule in movement.per_rank_rules()],
                 ranks.RULESET: [rule.egglog(ranks.RULESET) for rule in rank_rules()] + ranks.fact_rules(),
                 context.RULESET: [rule.egglog(context.RULESET) for rule in context.rules()]}
     probe = "(rule ((target t k) (= t (dist n))) ((same k n)) :ruleset probe)"
     declared = [f"(ruleset {name})" for name in (RULESET, "probe", "window", *OPTIONAL_RULESETS)]
-    return "\n".join([DECLARATIONS, relations, *declared, facts, *rules,
+    return "\n".join([DECLARATIONS, trait_facts(), *declared, *rules,
                       *(line for name in OPTIONAL_RULESETS if name in rulesets
                         for line in optional[name]),
                       *movement.FACT_RULES, probe])

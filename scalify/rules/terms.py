@@ -14,7 +14,7 @@ from typing import Any, Union
 
 import torch
 
-from ..ir.ops import OPS
+from ..ir.ops import OPS, infer_shape
 
 RELATIONAL = frozenset({"dist", "const", "concat", "psum", "pmax", "slice", "expand", "unsqueeze",
                         "squeeze", "rcat", "rsum", "rmax", "rslice"})
@@ -247,7 +247,10 @@ def _rank_reduce(combine: Any) -> Any:
 
 
 def _rank_slice(args: tuple, env: dict[str, Any], at: At) -> torch.Tensor:
+    """Block `rank` of `world` blocks that tile the dim (symmetry.py admits no other)."""
     value, dim, size = (evaluate(a, env, at) for a in args)
+    if value.shape[dim] != size * at.world:
+        raise ValueError(f"rslice blocks of {size} do not tile dim {dim} of {tuple(value.shape)}")
     return value.narrow(dim, at.rank * size, size)
 
 
@@ -262,7 +265,39 @@ _ACROSS_RANKS = {"rcat": _rank_concat, "rsum": _rank_reduce(torch.add),
 
 
 def _run(op: str, inputs: list[torch.Tensor], attrs: dict[str, Any]) -> torch.Tensor:
+    """`op` on `inputs`, typed by the op's shape rule: an ill-typed term (one torch would
+    broadcast or quietly accept, e.g. a squeeze of a dim that is not 1) raises ValueError."""
+    _typed(op, inputs, attrs)
     return OPS[op].run(inputs, attrs)
+
+
+def _typed(op: str, inputs: list[torch.Tensor], attrs: dict[str, Any]) -> None:
+    infer_shape(op, [tuple(x.shape) for x in inputs], attrs)
+
+
+class IndexOutOfRange(ValueError):
+    """An index tensor with values outside its op's range: outside the terms' domain (ids and
+    targets lie in [0, vocab)), not a type error."""
+
+
+def _indices(index: torch.Tensor, size: int) -> torch.Tensor:
+    if index.numel() and not 0 <= int(index.min()) <= int(index.max()) < size:
+        raise IndexOutOfRange(f"indices outside [0, {size})")
+    return index
+
+
+def _ranked(x: torch.Tensor, ndim: int) -> torch.Tensor:
+    """`x`, which a constructor records as having `ndim` dims (a matmul's rank, the class dim
+    of take and untake)."""
+    if x.dim() != ndim:
+        raise ValueError(f"an operand of {x.dim()} dims recorded as having {ndim}")
+    return x
+
+
+def _broadcast_over(c: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    if c.dim() != y.dim() or torch.broadcast_shapes(c.shape, y.shape) != y.shape:
+        raise ValueError(f"cannot broadcast {tuple(c.shape)} over {tuple(y.shape)}")
+    return c * y
 
 
 def _keyed(key: str, inputs: list[torch.Tensor]) -> torch.Tensor:
@@ -283,6 +318,7 @@ def _embed_range(weight: torch.Tensor, ids: torch.Tensor, start: int) -> torch.T
 
 
 def _embedding_grad_range(grad: torch.Tensor, ids: torch.Tensor, start: int, rows: int) -> torch.Tensor:
+    _typed("embedding_grad", [grad, ids], {"rows": rows})
     inside = (ids >= start) & (ids < start + rows)
     kept = grad * inside.unsqueeze(-1).to(grad.dtype)
     return _run("embedding_grad", [kept, torch.where(inside, ids - start, 0)], {"rows": rows})
@@ -298,6 +334,7 @@ def _take_range(x: torch.Tensor, index: torch.Tensor, start: int) -> torch.Tenso
 def _untake_range(g: torch.Tensor, index: torch.Tensor, start: int, size: int) -> torch.Tensor:
     """Classes [start, start + size) of `g` put at `index` (rows whose class lies elsewhere are
     zero)."""
+    _typed("untake", [g, index], {"size": size})
     inside = (index >= start) & (index < start + size)
     return _run("untake", [g * inside.to(g.dtype), torch.where(inside, index - start, 0)],
                 {"size": size})
@@ -308,8 +345,8 @@ _AT_RANK = {  # constructors whose constants are affine in the rank: scale * ran
     "add_int_r": lambda r, x, a, b: x + (a * r + b),
     "embed_rrange": lambda r, w, ids, s: _embed_range(w, ids, r * s),
     "embed_grad_rrange": lambda r, g, ids, s: _embedding_grad_range(g, ids, r * s, s),
-    "take_rrange": lambda r, x, index, s, k: _take_range(x, index, r * s),
-    "untake_rrange": lambda r, g, index, s, k: _untake_range(g, index, r * s, s),
+    "take_rrange": lambda r, x, index, s, k: _take_range(_ranked(x, k + 1), index, r * s),
+    "untake_rrange": lambda r, g, index, s, k: _untake_range(_ranked(g, k), index, r * s, s),
 }
 
 _CONSTRUCTORS = {
@@ -320,29 +357,31 @@ _CONSTRUCTORS = {
     "%": lambda a, b: a % b,
     "dimsize": lambda x, d: x.shape[d],
     "concat": _concat,
-    "psum": lambda a, b: a + b,
-    "bmul": lambda c, y: c * y,  # c broadcast over y
-    "pmax": torch.maximum,
+    "psum": lambda a, b: _run("add", [a, b], {}),
+    "bmul": _broadcast_over,
+    "pmax": lambda a, b: _run("maximum", [a, b], {}),
     "slice": lambda x, d, s, e: _run("slice", [x], {"dim": d, "start": s, "end": e}),
     "unary": lambda f, x: _keyed(f, [x]),
     "binary": lambda f, x, y: _keyed(f, [x, y]),
-    "where3": lambda c, x, y: torch.where(c, x, y),
+    "where3": lambda c, x, y: _run("where", [c, x, y], {}),
     "reduce": lambda f, x, d: _run(f, [x], {"dim": d}),
     "softmax": lambda f, x, d: _run(f, [x], {"dim": d}),
-    "matmul": lambda a, b, r: torch.matmul(a, b),
+    "matmul": lambda a, b, r: _run("matmul", [_ranked(a, r), b], {}),
     "merge": lambda x, d, inner: _run("merge", [x], {"dim": d, "inner": inner}),
     "split": lambda x, d, inner: _run("split", [x], {"dim": d, "inner": inner}),
-    "unsqueeze": lambda x, d: x.unsqueeze(d),
+    "unsqueeze": lambda x, d: _run("unsqueeze", [x], {"dim": d}),
     "squeeze": lambda x, d: _run("squeeze", [x], {"dim": d}),
-    "transpose": lambda x, d0, d1: x.transpose(d0, d1),
+    "transpose": lambda x, d0, d1: _run("transpose", [x], {"dim0": d0, "dim1": d1}),
     "expand": lambda x, d, n: _run("expand", [x], {"dim": d, "size": n}),
-    "embedding": lambda w, ids: torch.nn.functional.embedding(ids, w),
+    "embedding": lambda w, ids: _run("embedding", [w, _indices(ids, w.shape[0])], {}),
     "embed_range": _embed_range,
-    "embedding_grad": lambda g, ids, rows: _run("embedding_grad", [g, ids], {"rows": rows}),
+    "embedding_grad": lambda g, ids, rows: _run("embedding_grad", [g, _indices(ids, rows)],
+                                                {"rows": rows}),
     "embed_grad_range": _embedding_grad_range,
-    "take": lambda x, index, k: _run("take", [x, index], {}),
-    "untake": lambda g, index, size, k: _run("untake", [g, index], {"size": size}),
-    "masked_fill": lambda x, m, v: x.masked_fill(m, ast.literal_eval(v)),
+    "take": lambda x, index, k: _run("take", [_ranked(x, k + 1), _indices(index, x.shape[-1])], {}),
+    "untake": lambda g, index, size, k: _run("untake", [_ranked(g, k), _indices(index, size)],
+                                             {"size": size}),
+    "masked_fill": lambda x, m, v: _run("masked_fill", [x, m], {"value": ast.literal_eval(v)}),
     "pad": lambda x, d, a, b, v: _run("pad", [x], {"dim": d, "before": a, "after": b,
                                                      "value": ast.literal_eval(v)}),
     "cmp_int": lambda f, x, v: _run(f + "_scalar", [x], {"value": v}),

@@ -37,6 +37,22 @@ def test_sub_group_collective_keeps_the_per_rank_path():
     assert program is None and "sub-group" in why
 
 
+def _block(rank: int, columns: int) -> Graph:
+    """Rank `rank` takes block `rank` of 2 columns out of `columns`."""
+    graph = Graph(outputs=["b"])
+    graph.add(Node("x", "placeholder", (), (("target", "x"),), (2, columns), "float32"))
+    graph.add(Node("b", "slice", ("x",), (("dim", 1), ("start", 2 * rank), ("end", 2 * rank + 2)),
+                   (2, 2), "float32"))
+    return graph
+
+
+def test_own_blocks_are_symbolic_only_where_they_tile_the_dim():
+    program, why = symbolic_program([_block(r, 2 * WORLD) for r in range(WORLD)])
+    assert why == "used" and program.graph["r0/b"].attr("start") == RankAffine(2, 0)
+    program, why = symbolic_program([_block(r, 2 * WORLD + 1) for r in range(WORLD)])
+    assert program is None and "not the rank's own block" in why
+
+
 class Scale(nn.Module):
     def __init__(self, weight_rows: int) -> None:
         super().__init__()

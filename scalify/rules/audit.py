@@ -122,7 +122,8 @@ def variants(rule: Rule, choice: dict[str, str]) -> list[Variant]:
     found = [Variant("example", env)]
     found += [Variant(f"seed {seed}", rule.example(torch.Generator().manual_seed(seed), choice))
               for seed in SEEDS]
-    found += _integer_moves(rule, env) + _axis_changes(env) + _size_changes(env)
+    found += (_integer_moves(rule, env) + _axis_changes(env) + _lone_axis_changes(env)
+              + _size_changes(env))
     return found + _swaps(rule, env)
 
 
@@ -163,6 +164,21 @@ def _axis_changes(env: dict[str, Any]) -> list[Variant]:
             if sizes:
                 found.append(Variant(f"axis {axis}{step:+d} with sizes",
                                      {**env, **resized, **sizes}))
+    return found
+
+
+def _lone_axis_changes(env: dict[str, Any]) -> list[Variant]:
+    """One axis of one tensor changed by one (fresh values), every other binding kept: two
+    operands that stop agreeing in size (a rule may only hold where they agree)."""
+    gen = torch.Generator().manual_seed(4)
+    found = []
+    for name, value in env.items():
+        if not isinstance(value, (torch.Tensor, Family)):
+            continue
+        for axis in range(max(t.dim() for t in _tensors({name: value}))):
+            resized = _resize(value, axis, 1, gen)
+            if resized is not None:
+                found.append(Variant(f"{name} axis {axis}+1", {**env, name: resized}))
     return found
 
 

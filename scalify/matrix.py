@@ -120,6 +120,8 @@ def _cells() -> list[Cell]:
         Cell("mixtral", "EP2", False, ep2, bug="ep-combine-weights-twice"),
         Cell("mixtral", "EP2", False, ep2, bug="ep-topk-local-experts"),
         Cell("mixtral", "EP2 all-to-all", False, a2a, bug="ep-wrong-split-sizes"),
+        Cell("mixtral", "EP2 all-to-all", True, a2a),
+        Cell("mixtral", "EP2 all-to-all", True, a2a, bug="ep-a2a-token-grad-unreduced"),
         Cell("llama", "PP2", False, pp2, layers=2),
         Cell("llama", "PP2 x2 micro-batches", False, pp2_micro, batch=2, layers=2),
         Cell("llama", "PP2 x2 micro-batches", True, pp2_micro, batch=2, layers=2),

@@ -26,6 +26,10 @@ EXPERT_PARALLEL_BUGS: dict[str, str] = {
     "ep-router-grad-unreduced": "expert-parallel mixtral: the routing weights enter the experts "
                                 "without Megatron's f, so the router's gradient keeps only the "
                                 "rank's own experts' part (right forward, wrong training step)",
+    "ep-a2a-token-grad-unreduced": "all-to-all expert-parallel mixtral: the tokens enter the "
+                                   "experts without Megatron's f, so the gradient of the "
+                                   "replicated layers below keeps only the rank's own token "
+                                   "block (right forward, wrong training step)",
 }
 
 
@@ -42,6 +46,13 @@ class RouterGradUnreducedExperts(ExpertParallelExperts):
                 top_k_weights: torch.Tensor) -> torch.Tensor:
         tokens = copy_to_tensor_parallel(hidden_states)
         return self.exchange(tokens, top_k_index, top_k_weights).to(hidden_states.dtype)  # planted: ep-router-grad-unreduced
+
+
+class TokenGradUnreducedAllToAllExperts(AllToAllExperts):
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor:
+        weights = copy_to_tensor_parallel(top_k_weights)
+        return self.exchange(hidden_states, top_k_index, weights).to(hidden_states.dtype)  # planted: ep-a2a-token-grad-unreduced
 
 
 class WrongSplitsAllToAllExperts(AllToAllExperts):
@@ -69,9 +80,13 @@ class LocalTopKRouter(MixtralTopKRouter):
         return router_logits, top_value, top_index + self.first_expert
 
 
-PLANTED_EXPERTS: dict[str, ExpertsClass] = {"ep-combine-weights-twice": WeightsTwiceExperts,
-                                             "ep-wrong-split-sizes": WrongSplitsAllToAllExperts,
-                                             "ep-router-grad-unreduced": RouterGradUnreducedExperts}
+PLANTED_EXPERTS: dict[str, ExpertsClass] = {
+    "ep-combine-weights-twice": WeightsTwiceExperts,
+    "ep-wrong-split-sizes": WrongSplitsAllToAllExperts,
+    "ep-router-grad-unreduced": RouterGradUnreducedExperts,
+    "ep-a2a-token-grad-unreduced": TokenGradUnreducedAllToAllExperts,
+}
 PLANTED_ROUTERS = {"ep-topk-local-experts": LocalTopKRouter}
 PLANTED_DISPATCH = {"ep-combine-weights-twice": "all_reduce", "ep-router-grad-unreduced": "all_reduce",
-                    "ep-wrong-split-sizes": "all_to_all"}  # the dispatch each bug lives in
+                    "ep-wrong-split-sizes": "all_to_all",
+                    "ep-a2a-token-grad-unreduced": "all_to_all"}  # the dispatch each bug lives in

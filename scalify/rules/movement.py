@@ -176,6 +176,12 @@ def rules() -> list[Rule]:
         Rule("slice-split-one-group", "(slice (split x d i) e s t)", "(unsqueeze (slice x d s t) d)",
              lambda gen, c: {"x": tensor(gen, 4, 2, 3), "d": 1, "i": 2, "e": 2, "s": 1, "t": 2},
              when=("(= e (+ d 1))", "(= (dimsize x d) i)")),
+        # One whole group of a merge (e.g. a rank's copy of the blocks a combine summed, in the
+        # backward of that sum): the group's index of the unmerged dims.
+        Rule("slice-merge-one-group", "(slice (merge x d i) d s e)",
+             "(squeeze (slice x d (/ s i) (+ (/ s i) 1)) d)",
+             lambda gen, c: {"x": tensor(gen, 4, 3, 2, 5), "d": 1, "i": 2, "s": 2, "e": 4},
+             when=("(= (- e s) i)", "(= (% s i) 0)")),
         Rule("slice-whole", "(slice x d 0 n)", "x",
              lambda gen, c: {"x": tensor(gen, *SHAPE), "d": 1, "n": SHAPE[1]},
              when=("(= (dimsize x d) n)",)),
@@ -240,7 +246,20 @@ def per_rank_rules() -> list[Rule]:
              "(concat (squeeze (expand u e (/ n 2)) d) (squeeze (expand u e (/ n 2)) d) d (/ n 2) (/ n 2))",
              lambda gen, c: {"u": tensor(gen, 3, 1, 1, 5), "d": 1, "e": 2, "n": 4},
              when=("(= e (+ d 1))", "(= (dimsize u d) 1)", "(= (% n 2) 0)", "(>= n 2)")),
+        # Two blocks side by side are the sum of each put at its place in zeros, where the
+        # program pads them so (the backward of two ranks each taking its own block; the
+        # rank-family path has `rank-blocks-in-zeros`).
+        Rule("blocks-in-zeros", "(concat a b d na nb)",
+             '(psum (pad a d 0 nb "0.0") (pad b d na 0 "0.0"))', _blocks_in_zeros,
+             when=("(= q (pad b d na 0 \"0.0\"))", "(= (dimsize a d) na)", "(= (dimsize b d) nb)"),
+             trigger='(pad a d 0 nb "0.0")'),
     ]
+
+
+def _blocks_in_zeros(gen, choice):
+    """Blocks `a`, `b` along dim 1 and `q`, `b` padded before by `a`'s size."""
+    env = concat_parts(gen, SHAPE, 1, 2)
+    return {**env, "q": torch.nn.functional.pad(env["b"], (0, 0, 0, 0, 2, 0))}
 
 
 # Shape facts the size-dependent rules read: a concat's parts have the sizes it records, an

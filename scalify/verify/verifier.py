@@ -398,25 +398,35 @@ class Verifier:
                            region: str) -> list[str]:
         """The window plus the definitions of its other arguments and of the input rank
         tensors, a few hops upstream, within `region` (so identical layers give identical
-        windows)."""
+        windows). An all_to_all's inputs are always defined: its value is blocks of every
+        member's input, which say nothing until defined (e.g. the copies of a gradient that
+        the backward of a combine sends back)."""
         frontier = window + [n for n in leaves_in if n not in self.dist_const
                              and self.dist.graph[n].op != "placeholder" and self.region[n] == region]
         defined = set(frontier)
-        across = self.options.context_parallel  # movement ops from outside the region too
-        depth = self.options.backward_depth + (3 if across else 0)
+        depth = self.options.backward_depth + (3 if self.options.context_parallel else 0)
         for _ in range(depth):
-            upstream = []
-            for name in frontier:
-                for arg in self.dist.graph[name].inputs:
-                    node = self.dist.graph[arg]
-                    if (arg in defined or arg in known or arg in self.dist_const
-                            or node.op == "placeholder" or self.region[arg] != region
-                            and not (across and OPS[node.op].trait == MOVEMENT)):
-                        continue
-                    defined.add(arg)
-                    upstream.append(arg)
-            frontier = upstream
+            frontier = [arg for name in frontier
+                        for arg in self._upstream(name, defined, known, region)]
+        exchanged = [name for name in defined if self.dist.graph[name].op == "all_to_all"]
+        for name in exchanged:
+            self._upstream(name, defined, known, region)
         return sorted(defined, key=self.dist.order.get)
+
+    def _upstream(self, name: str, defined: set[str], known: set[str], region: str) -> list[str]:
+        """The arguments of `name` to define next (added to `defined`): computed in `region`
+        (with context parallelism, movement ops from outside it too), not yet defined."""
+        across = self.options.context_parallel
+        found = []
+        for arg in self.dist.graph[name].inputs:
+            node = self.dist.graph[arg]
+            if (arg in defined or arg in known or arg in self.dist_const
+                    or node.op == "placeholder" or self.region[arg] != region
+                    and not (across and OPS[node.op].trait == MOVEMENT)):
+                continue
+            defined.add(arg)
+            found.append(arg)
+        return found
 
     def _definition(self, name: str) -> str:
         node = self.dist.graph[name]

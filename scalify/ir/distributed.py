@@ -3,10 +3,14 @@ and whose received tensors are the tensors their peers sent (send/recv become id
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, replace
+
+import torch
 
 from ..errors import ScalifyError
 from .graph import Graph, Node
+from .ops import OPS
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 _SHAPES_MAY_DIFFER = ("all_to_all",)  # each rank receives its own blocks
@@ -97,8 +101,9 @@ def link_point_to_point(graphs: list[Graph]) -> dict[str, str]:
 
 
 def _match_collectives(graphs: list[Graph]) -> dict[str, tuple[list[tuple[int, str]], int, tuple]]:
-    """Each collective's members (rank, input) in group order, its position in the group, and
-    the attributes it needs from its members (an all_to_all: every member's `in_splits`)."""
+    """Each collective's members (rank, input) in group order (an all_reduce's in rank order), its
+    position in the group, and the attributes it needs from its members (an all_to_all: every
+    member's `in_splits`)."""
     sequences: dict[tuple[int, tuple[int, ...]], list[Node]] = {}
     for rank, graph in enumerate(graphs):
         for node in graph:
@@ -122,6 +127,8 @@ def _match_collectives(graphs: list[Graph]) -> dict[str, tuple[list[tuple[int, s
                 members.append((member, others[k].inputs[0]))
                 splits.append(others[k].attr("in_splits"))
             extra = (("member_splits", tuple(splits)),) if node.op == "all_to_all" else ()
+            if node.op == "all_reduce":  # a sum or max over a set: the listed order is no matter
+                members.sort()
             partners[qualified(rank, node.name)] = (members, group.index(rank), extra)
     return partners
 
@@ -151,35 +158,65 @@ def _topological(graphs: list[Graph], nodes: dict[str, Node]) -> list[Node]:
     return ordered
 
 
+_VALUE_KEY_LIMIT = 1 << 22  # elements: larger constants are keyed by structure alone
+_PLAIN = (int, float, str, bool, tuple, type(None))
+
+
 def constant_keys(graph: Graph) -> dict[str, str]:
-    """A structural hash for every node that depends on no placeholder (same value on every rank)."""
+    """A key for every node that depends on no placeholder (same value on every rank): a hash of
+    its value where the interpreter can compute it (so `x.t().t()` or an operand order makes no
+    difference), else a hash of its structure."""
     keys: dict[str, str] = {}
+    values: dict[str, torch.Tensor | None] = {}
     for node in graph:
         if node.op == "placeholder" or node.op in COLLECTIVES:
             continue
         if node.op == "add_scalar" and node.attr("value") == 0 and node.inputs[0] in keys:
             keys[node.name] = keys[node.inputs[0]]  # x + 0 (positions after no cached tokens)
+            values[node.name] = values[node.inputs[0]]
             continue
         if all(i in keys for i in node.inputs):
-            text = repr((node.op, node.attrs, node.shape, node.dtype, [keys[i] for i in node.inputs]))
-            keys[node.name] = hashlib.sha1(text.encode()).hexdigest()[:16]
+            value = values[node.name] = _constant_value(node, [values[i] for i in node.inputs])
+            if value is None:
+                content = repr((node.op, node.attrs, node.shape, node.dtype,
+                                [keys[i] for i in node.inputs])).encode()
+            else:
+                content = repr((node.shape, node.dtype)).encode() + value.view(-1).view(
+                    torch.uint8).numpy().tobytes()
+            keys[node.name] = hashlib.sha1(content).hexdigest()[:16]
     return keys
 
 
+def _constant_value(node: Node, inputs: list[torch.Tensor | None]) -> torch.Tensor | None:
+    """The node's value, or None when an input has none, the node is large, an attribute is
+    symbolic (a rank-dependent integer) or the interpreter cannot run it as captured."""
+    if any(i is None for i in inputs) or math.prod(node.shape) > _VALUE_KEY_LIMIT or any(
+            not isinstance(value, _PLAIN) for _, value in node.attrs):
+        return None
+    try:
+        value = OPS[node.op].run(inputs, dict(node.attrs)).contiguous()
+    except Exception:  # an op the interpreter lacks or refuses on these values: structure only
+        return None
+    return value if tuple(value.shape) == node.shape else None
+
+
 def constant_terms(graph: Graph) -> dict[str, str]:
-    """The egglog term of every node that depends on no placeholder: a `(const "hash")` leaf,
+    """The egglog term of every node that depends on no placeholder: a `(const "key")` leaf,
     except that broadcasts of constants stay `expand`/`unsqueeze` terms, so a constant the size
-    of the whole batch relates to each rank's smaller one."""
+    of the whole batch relates to each rank's smaller one. Any other node with the value of an
+    earlier one gets that one's term."""
     keys = constant_keys(graph)
     terms: dict[str, str] = {}
+    by_key: dict[str, str] = {}
     for node in graph:
         if node.name not in keys:
             continue
         inner = terms.get(node.inputs[0]) if node.inputs else None
+        key = keys[node.name]
         if node.op == "expand" and inner:
-            terms[node.name] = f"(expand {inner} {node.attr('dim')} {node.attr('size')})"
+            terms[node.name] = by_key[key] = f"(expand {inner} {node.attr('dim')} {node.attr('size')})"
         elif node.op == "unsqueeze" and inner:
-            terms[node.name] = f"(unsqueeze {inner} {node.attr('dim')})"
+            terms[node.name] = by_key[key] = f"(unsqueeze {inner} {node.attr('dim')})"
         else:
-            terms[node.name] = f'(const "{keys[node.name]}")'
+            terms[node.name] = by_key.setdefault(key, f'(const "{key}")')
     return terms

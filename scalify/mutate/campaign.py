@@ -50,6 +50,9 @@ class Campaign:
     def survivors(self) -> list[Judgement]:
         return [j for j in self.judgements if j.survivor]
 
+    def false_alarms(self) -> list[Judgement]:
+        return [j for j in self.judgements if j.false_alarm]
+
 
 def judge(subject: Subject, mutant: Mutant) -> Judgement | None:
     """Run the mutant's numbers and verify it; None when its ranks cannot even be merged

@@ -1,4 +1,5 @@
-"""Mutation operators: small functions from one IR node to the changes that plant a bug there.
+"""Mutation operators: small functions from one IR node to the changes that plant a bug there,
+and number-preserving rewrites (the equivalent mutants a verifier must not flag).
 
 A change rewrites the node on every rank (so collectives still match across ranks): into
 replacement nodes, the last of which keeps the node's name, or into the name of a tensor its
@@ -10,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from ..ir.graph import Node
+from ..rules.families import COMMUTATIVE
 
 Rewrite = list[Node] | str  # replacement nodes, or the name the node's users read instead
 
@@ -155,11 +157,14 @@ def change_permutation(node: Node, world: int) -> list[Change]:
 _NON_COMMUTATIVE = ("sub", "div", "pow", "matmul", "lt", "le", "gt", "ge")
 
 
+def _reversed_inputs(rank: int, node: Node) -> Rewrite:
+    return [replace(node, inputs=node.inputs[::-1])]
+
+
 def swap_operands(node: Node, world: int) -> list[Change]:
     """Swap the operands of a non-commutative binary op (or a where's two branches)."""
     if node.op in _NON_COMMUTATIVE:
-        return [Change(node.name, f"{node.op} operands swapped",
-                       lambda r, n: [replace(n, inputs=n.inputs[::-1])])]
+        return [Change(node.name, f"{node.op} operands swapped", _reversed_inputs)]
     if node.op == "where":
         return [Change(node.name, "where branches swapped",
                        lambda r, n: [replace(n, inputs=(n.inputs[0], n.inputs[2], n.inputs[1]))])]
@@ -181,6 +186,80 @@ def replace_sibling(node: Node, world: int) -> list[Change]:
     return [Change(node.name, f"{node.op} -> {sibling}", _same(replace(node, op=sibling)))]
 
 
+def commute_operands(node: Node, world: int) -> list[Change]:
+    """Swap the operands of a commutative binary op (numbers unchanged)."""
+    if node.op not in COMMUTATIVE or node.inputs[0] == node.inputs[1]:
+        return []
+    return [Change(node.name, f"{node.op} operands commuted", _reversed_inputs)]
+
+
+def _renamed(node: Node) -> Node:
+    """The node under a fresh name, for a rewrite that puts ops after it."""
+    return replace(node, name=f"{node.name}.kept")
+
+
+def transpose_twice(node: Node, world: int) -> list[Change]:
+    """Transpose a result's last two dims and back (numbers unchanged)."""
+    if node.op == "placeholder" or len(node.shape) < 2:
+        return []
+    rank = len(node.shape)
+    dims = (("dim0", rank - 2), ("dim1", rank - 1))
+    swapped = node.shape[:-2] + (node.shape[-1], node.shape[-2])
+
+    def twice(r: int, n: Node) -> Rewrite:
+        kept = _renamed(n)
+        there = Node(f"{n.name}.transposed", "transpose", (kept.name,), dims, swapped, n.dtype,
+                     n.source)
+        return [kept, there, Node(n.name, "transpose", (there.name,), dims, n.shape, n.dtype,
+                                  n.source)]
+
+    return [Change(node.name, "transposed twice", twice)]
+
+
+def split_and_rejoin(node: Node, world: int) -> list[Change]:
+    """Cut a result in two along its last dim and concatenate the halves (numbers unchanged)."""
+    if node.op == "placeholder" or not node.shape or node.shape[-1] < 2:
+        return []
+    dim, size = len(node.shape) - 1, node.shape[-1]
+    cut = size // 2
+
+    def rejoined(r: int, n: Node) -> Rewrite:
+        kept = _renamed(n)
+        halves = [Node(f"{n.name}.{part}", "slice", (kept.name,),
+                       (("dim", dim), ("start", start), ("end", end)),
+                       n.shape[:-1] + (end - start,), n.dtype, n.source)
+                  for part, (start, end) in enumerate(((0, cut), (cut, size)))]
+        joined = Node(n.name, "concat", tuple(h.name for h in halves), (("dim", dim),), n.shape,
+                      n.dtype, n.source)
+        return [kept, *halves, joined]
+
+    return [Change(node.name, f"split at {cut} of dim {dim} and rejoined", rejoined)]
+
+
+def subtract_as_negated_add(node: Node, world: int) -> list[Change]:
+    """`a - b` written as `a + (-b)` (numbers unchanged)."""
+    if node.op != "sub":
+        return []
+
+    def negated_add(r: int, n: Node) -> Rewrite:
+        left, right = n.inputs
+        negated = Node(f"{n.name}.negated", "neg", (right,), (), n.shape, n.dtype, n.source)
+        return [negated, replace(n, op="add", inputs=(left, negated.name))]
+
+    return [Change(node.name, "a - b written as a + (-b)", negated_add)]
+
+
+def reorder_reduce_group(node: Node, world: int) -> list[Change]:
+    """An all_reduce over its group listed in reverse (a sum or max does not depend on the
+    order; numbers unchanged)."""
+    group = _group(node, world)
+    if node.op != "all_reduce" or len(group) < 2:
+        return []
+    flipped = tuple(reversed(group))
+    return [Change(node.name, f"reduce group listed as {list(flipped)}",
+                   _same(_with(node, group=flipped)))]
+
+
 OPERATORS: dict[str, Operator] = {
     "drop collective": drop_collective,
     "duplicate collective": duplicate_collective,
@@ -192,4 +271,12 @@ OPERATORS: dict[str, Operator] = {
     "permutation": change_permutation,
     "swap operands": swap_operands,
     "sibling op": replace_sibling,
+    "commute operands": commute_operands,
+    "transpose twice": transpose_twice,
+    "split and rejoin": split_and_rejoin,
+    "negated add": subtract_as_negated_add,
+    "reorder reduce group": reorder_reduce_group,
 }
+# The operators above whose every change keeps the numbers: their mutants are equivalent.
+NUMBER_PRESERVING = ("commute operands", "transpose twice", "split and rejoin", "negated add",
+                     "reorder reduce group")

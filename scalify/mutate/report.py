@@ -30,13 +30,17 @@ def rows(campaign: Campaign) -> list[list[str]]:
 
 
 def print_campaign(campaign: Campaign, console: Console) -> None:
-    """The table, then every survivor with its operator, node and source line."""
+    """The table, then every survivor and false alarm with its operator, node and source line
+    (and for a false alarm, where the verifier reported it)."""
     table = Table(*COLUMNS, title=f"Mutation campaign: {campaign.name}")
     for row in rows(campaign):
         table.add_row(*row)
     console.print(table)
     for j in campaign.survivors():
         console.print(f"[bold red]survivor[/] {j.operator} at {j.node} ({j.what}), {j.source}")
+    for j in campaign.false_alarms():
+        console.print(f"[yellow]false alarm[/] {j.operator} at {j.node} ({j.what}), {j.source}; "
+                      f"reported at {j.detail or j.verdict}")
 
 
 def write_json(campaigns: list[Campaign], path: str | Path) -> None:

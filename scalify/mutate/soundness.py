@@ -1,5 +1,6 @@
 """`make soundness`: the mutation campaign over tiny Llama and GPT-2 at TP 2/4/8 (one layer,
-forward). Exits non-zero when a number-changing mutant verifies."""
+forward). Exits non-zero when a number-changing mutant verifies, or when false alarms reach 5%
+of a configuration's equivalent mutants."""
 from __future__ import annotations
 
 import argparse
@@ -16,13 +17,23 @@ CELLS = [Cell(family, f"TP{tp}", False, (("tensor_parallel", tp),))
          for family in ("llama", "gpt2") for tp in (2, 4, 8)]
 
 
+FALSE_ALARM_TARGET = 0.05  # of equivalent mutants
+
+
+def false_alarm_rate(campaign: Campaign) -> float:
+    """False alarms as a share of the equivalent mutants (0 when there are none)."""
+    equivalent = [j for j in campaign.judgements if not j.numbers_change]
+    return sum(j.false_alarm for j in equivalent) / len(equivalent) if equivalent else 0.0
+
+
 def _summary(campaign: Campaign) -> str:
     changing = [j for j in campaign.judgements if j.numbers_change]
     equivalent = len(campaign.judgements) - len(changing)
     alarms = sum(j.false_alarm for j in campaign.judgements)
     caught = sum(j.caught for j in changing)
     return (f"{campaign.name}: caught {caught}/{len(changing)} number-changing mutants; "
-            f"false alarms {alarms}/{equivalent} equivalent mutants")
+            f"false alarms {alarms}/{equivalent} equivalent mutants "
+            f"({false_alarm_rate(campaign):.0%}, target under {FALSE_ALARM_TARGET:.0%})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         console.print(_summary(campaign))
     if args.json:
         write_json(campaigns, args.json)
-    return 1 if any(c.survivors() for c in campaigns) else 0
+    missed = any(c.survivors() or false_alarm_rate(c) >= FALSE_ALARM_TARGET for c in campaigns)
+    return 1 if missed else 0
 
 
 if __name__ == "__main__":

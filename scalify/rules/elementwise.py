@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from .base import Rule
 from .examples import concat_parts, tensor
-from .families import ADDITIVE, BINARY_KEYS, LINEAR_UNARY_KEYS, SCALES_LEFT, SCALES_RIGHT, UNARY_KEYS
+from .families import ADDITIVE, BINARY_KEYS, COMMUTATIVE, LINEAR_UNARY_KEYS, SCALES_LEFT, SCALES_RIGHT, UNARY_KEYS
 
 SHAPE = (3, 4, 5)
 
@@ -68,6 +68,7 @@ def _softmax_gradient_rules() -> list[Rule]:
              negated('(binary "mul" x y)'), rows),
         Rule("difference-of-negation", f'(binary "sub" a {negated("x")})', '(binary "add" a x)',
              rows),
+        Rule("difference-as-sum", '(binary "sub" a x)', f'(binary "add" a {negated("x")})', rows),
         Rule("quotient-times-row",
              '(binary "mul" (binary "div" e (expand s d n)) (expand (unsqueeze g d) d n))',
              '(binary "mul" (expand (unsqueeze (binary "div" g (squeeze s d)) d) d n) e)', rows),
@@ -90,6 +91,8 @@ def rules() -> list[Rule]:
         Rule("binary-over-broadcast-and-concat", "(binary f (expand z d n) (concat a b d na nb))",
              "(concat (binary f (expand z d na) a) (binary f (expand z d nb) b) d na nb)",
              _broadcast_example, families={"f": BINARY_KEYS}),
+        Rule("commute-operands", "(binary f x y)", "(binary f y x)", _psum_example,
+             families={"f": COMMUTATIVE}),
         *_shape_op_rules(),
         *_softmax_gradient_rules(),
         # Negated losses: -(a - b) = b - a, and negation keeps zero fills.

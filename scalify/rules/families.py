@@ -12,6 +12,7 @@ LINEAR_UNARY_OPS = ("neg", "mul_scalar", "div_scalar")
 LINEAR_UNARY_KEYS = ("neg", "mul_scalar|value=0.125", "div_scalar|value=3.0")
 BINARY_KEYS = ("add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le",
                "gt", "ge", "logaddexp")
+COMMUTATIVE = ("add", "mul", "maximum", "minimum", "eq", "ne", "logaddexp")
 ADDITIVE = ("add", "sub")
 SCALES_LEFT = ("mul", "div")
 SCALES_RIGHT = ("mul",)

@@ -19,6 +19,11 @@ from ..ir.ops import OPS, infer_shape
 RELATIONAL = frozenset({"dist", "const", "concat", "psum", "pmax", "slice", "expand", "unsqueeze",
                         "squeeze", "rcat", "rsum", "rmax", "rslice"})
 COMPUTE_COST = 1000
+# Two sizes of one tensor along one dim (an unsound union, or a wrong fact) merge to SIZE_CONFLICT,
+# which no size-guarded rule matches; the session refuses a window that holds it.
+SIZE_CONFLICT = -1
+SIZE_MERGE = ("(- (min old new) (* (min 1 (- (max old new) (min old new))) "
+              "(+ (min old new) 1)))")  # old when they agree, else SIZE_CONFLICT
 
 DECLARATIONS = f"""
 (datatype T
@@ -66,7 +71,7 @@ DECLARATIONS = f"""
   (cmp_int_r String T i64 i64 :cost {COMPUTE_COST})
   (add_int_r T i64 i64 :cost {COMPUTE_COST})
   (bmul T T :cost {COMPUTE_COST}))
-(function dimsize (T i64) i64 :merge (min old new))
+(function dimsize (T i64) i64 :merge {SIZE_MERGE})
 (function world () i64 :merge new)
 (relation inv (T))
 (relation target (T String))

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from egglog import bindings
 
 from ..rules import context, prelude
+from ..rules.terms import SIZE_CONFLICT
 from .store import MemoStore
 
 _LEAF = re.compile(r'\(dist "([^"]+)"\)')
@@ -51,8 +52,17 @@ def _batched(program: str) -> str:
     return f"{first}\n(rule () ({facts}) :ruleset window)\n(run window 1)"
 
 
-class WindowLimitExceeded(Exception):
-    """A window's saturation outgrew its e-node or time limit: its answer is unknown."""
+class NoAnswer(Exception):
+    """A window that neither relates nor refutes: the op's verdict is unknown."""
+
+
+class WindowLimitExceeded(NoAnswer):
+    """A window's saturation outgrew its e-node or time limit."""
+
+
+class ShapeConflict(NoAnswer):
+    """A window's e-graph gives one tensor two sizes along a dim: something it united is not
+    one value, so nothing it derived is used."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +99,7 @@ class EgglogSession:
     def _fresh(self) -> bindings.EGraph:
         egraph = bindings.EGraph()
         egraph.run_program(*egraph.parse_program(prelude(self.rulesets)))
+        self._conflict_check = egraph.parse_program(f"(check (= (dimsize t d) {SIZE_CONFLICT}))")
         return egraph
 
     def saturate(self, program: str) -> Outcome:
@@ -150,7 +161,15 @@ class EgglogSession:
             if not any(out.report.updated for out in ran
                        if isinstance(out, bindings.RunScheduleOutput)):
                 break
+        self._refuse_conflicts(egraph)
         return outputs
+
+    def _refuse_conflicts(self, egraph: bindings.EGraph) -> None:
+        try:
+            egraph.run_program(*self._conflict_check)
+        except Exception:  # egglog reports a failed check as an error: no conflict
+            return
+        raise ShapeConflict("its e-graph gives a tensor two sizes along one dim (a shape conflict)")
 
     def _run(self, program: str) -> Outcome:
         egraph = self._egraph

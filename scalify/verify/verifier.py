@@ -27,7 +27,7 @@ from .encode import encode
 from .relations import (Relation, describe, expected_output, family_relation,
                         from_placement, leaf, output_holders, stage_relation)
 from .segments import SegmentKey, segment_key
-from .session import EgglogSession, WindowLimitExceeded, WindowLimits
+from .session import EgglogSession, NoAnswer, WindowLimits
 from .store import MemoStore, ProofStore
 
 _LAYER = re.compile(r"^(.*?\.\d+)(\.|$)")
@@ -300,19 +300,28 @@ class Verifier:
         if runs:  # the ranks' fused computation ends further downstream
             depths = [2 * self.options.window_depth]
         narrowest: list[str] | None = None  # the nodes closest to the op, for diagnostics
+        related = None  # the last window that related the op
+        deeper = 2 * self.options.window_depth
         for depth in depths:  # ops on replicated inputs usually match one hop away; else widen
             program, window = self._program(node, inputs, depth)
             narrowest = window if narrowest is None else narrowest
             result.windows += 1
             try:
                 outcome = self.session.saturate(program)
-            except WindowLimitExceeded as limit:  # no answer: neither related nor refuted
+            except NoAnswer as limit:  # a bound or a shape conflict: neither related nor refuted
+                if related is not None:
+                    break  # the narrower window's relation stands
                 result.unknown.append(f"{node.op} at {node.source}: its window gave no answer, {limit}")
                 return None
             term = parse(outcome.term)
             if is_relational(term):
-                break
-        if is_relational(term):
+                related = outcome
+                if not (replicated and depth < deeper and self._fewer_replicas(outcome.same, inputs)):
+                    break
+                if deeper not in depths:  # some rank's copy lies further downstream
+                    depths.append(deeper)
+        if related is not None:
+            outcome, term = related, parse(related.term)
             same = sorted(outcome.same, key=self.dist.order.get)
             chosen = leaf(same[0]) if term.head == "dist" and same else outcome.term  # lowest rank
             aliases = tuple((chosen, name) for name in same if leaf(name) != chosen)
@@ -373,6 +382,19 @@ class Verifier:
                 if n.op in LINEAR_UNARY_OPS}
         lines += [f"(linear_unary {render(key)})" for key in sorted(keys)]
         return "\n".join(lines), window
+
+    def _fewer_replicas(self, same: tuple[str, ...], inputs: list[Relation]) -> bool:
+        """Whether fewer ranks hold the op's value than hold copies of each of its replicated
+        inputs (on the per-rank path, some rank's copy is further than the window reached)."""
+        holders = None
+        for relation in inputs:
+            if parse(relation.term).head != "dist":
+                continue
+            names = leaves(parse(relation.term)) + [n for t, n in relation.aliases
+                                                    if t == relation.term]
+            ranks = {self.dist.rank_of(n) for n in names}
+            holders = ranks if holders is None else holders & ranks
+        return holders is not None and len({self.dist.rank_of(n) for n in same}) < len(holders)
 
     def _window(self, start: set[str], region: str, max_depth: int) -> list[str]:
         """Distributed nodes of `region` within `max_depth` hops downstream of `start`.
@@ -456,7 +478,11 @@ class Verifier:
                                        self.dist.world_size, self.dist.symbolic)
             known = set(relation.leaf_names())
             region = region_of(self.dist.graph[rank_outputs[0]].source.module)
+            # From the relation's rank tensors down, and from the rank outputs up: ops between
+            # the last related tensor and an output (a reorder, a cut and rejoin) may be deeper
+            # than a window.
             window = self._window(known, region, self.options.window_depth)
+            window += [n for n in rank_outputs if n not in known and n not in window]
             defined = self._with_dependencies(window, known, sorted(known, key=self.dist.order.get),
                                               region)
             lines = ([f"(let $y {relation.term})", f"(inv {relation.term})"] +
@@ -465,7 +491,7 @@ class Verifier:
             program = "\n".join(lines + self._sizes(lines + expected))
             try:
                 holds = self.session.holds(program, expected)
-            except WindowLimitExceeded as limit:
+            except NoAnswer as limit:
                 result.unknown.append(f"output {position} ({placement}): its check gave no "
                                       f"answer, {limit}")
                 continue

@@ -4,11 +4,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+import torch
 
+from scalify.ir.distributed import merge_ranks
 from scalify.ir.graph import Graph, Node
 from scalify.ir.ops import infer_shape
 from scalify.mutate.mutants import apply_change, mutants, type_checks
-from scalify.mutate.operators import OPERATORS, Change
+from scalify.mutate.operators import NUMBER_PRESERVING, OPERATORS, Change
+from scalify.verify.numeric import random_inputs, run_graph
 
 GROUP = (("group", (0, 1)),)
 
@@ -31,7 +34,8 @@ def _rank_graph() -> Graph:
     add("sm", "softmax", ("t",), (("dim", 1),))
     add("act", "gelu", ("sm",))
     add("scaled", "mul_scalar", ("act",), (("value", 0.5),))
-    add("diff", "sub", ("scaled", "x"))
+    add("total", "add", ("scaled", "x"))
+    add("diff", "sub", ("total", "x"))
     add("part", "slice", ("diff",), (("dim", 1), ("start", 1), ("end", 3)))
     add("ag", "all_gather", ("part",), GROUP + (("shape", (8, 2)),), (8, 2))
     add("rs", "reduce_scatter", ("ag",), GROUP + (("reduce", "sum"),), (4, 2))
@@ -49,6 +53,22 @@ def test_operator_plants_a_shape_valid_change(operator: str) -> None:
         changed = [m.nodes != o.nodes or m.outputs != o.outputs
                    for o, m in zip(ranks, mutant.ranks)]
         assert all(changed) or (changed.count(True) == 1 and "only" in mutant.what)
+
+
+@pytest.mark.parametrize("operator", NUMBER_PRESERVING)
+def test_number_preserving_operator_keeps_every_output(operator: str) -> None:
+    ranks = [_rank_graph(), _rank_graph()]
+    original = merge_ranks(ranks)
+    env = random_inputs(original.graph, seed=3)
+    expected = run_graph(original.graph, env)
+    planted = mutants(ranks, operator, budget=100, seed=0)
+    assert planted
+    for mutant in planted:
+        mutated = merge_ranks(mutant.ranks)
+        values = run_graph(mutated.graph, env)
+        for before, after in zip(original.rank_outputs, mutated.rank_outputs):
+            for a, b in zip(before, after):
+                torch.testing.assert_close(values[b], expected[a], rtol=1e-12, atol=0)
 
 
 def test_sampling_is_seeded_and_bounded() -> None:

@@ -1,12 +1,12 @@
-"""Verdict discipline: a window past its e-node or time limit gives no answer, and the run's
-verdict is "unknown" with the reasons, never "verified"."""
+"""Verdict discipline: a window past its e-node or time limit, or holding a shape conflict, gives
+no answer, and the run's verdict is "unknown" with the reasons, never "verified"."""
 import pytest
 
 import scalify
 from scalify.cli import exit_code
 from scalify.config import load_experiment
 from scalify.errors import ConfigError
-from scalify.verify.session import EgglogSession, WindowLimitExceeded, WindowLimits
+from scalify.verify.session import EgglogSession, ShapeConflict, WindowLimitExceeded, WindowLimits
 
 from .helpers import experiment
 
@@ -38,6 +38,21 @@ def test_a_window_past_its_time_limit_gives_no_answer():
     session = EgglogSession(limits=WindowLimits(seconds=0.0))
     with pytest.raises(WindowLimitExceeded, match="took over 0 s"):
         session.saturate('(let $y (binary "add" (dist "a") (dist "b")))')
+
+
+_TWO_SIZES = ('(let $y (binary "add" (dist "a") (dist "a")))\n'
+              '(set (dimsize (dist "a") 0) 4)\n(set (dimsize (dist "b") 0) 8)\n'
+              '(union (dist "a") (dist "b"))')
+
+
+def test_a_window_that_unites_tensors_of_two_sizes_gives_no_answer():
+    session = EgglogSession()
+    with pytest.raises(ShapeConflict, match="shape conflict"):
+        session.saturate(_TWO_SIZES)
+    with pytest.raises(ShapeConflict):
+        session.holds(_TWO_SIZES, ['(binary "add" (dist "b") (dist "b"))'])
+    agreeing = _TWO_SIZES.replace("0) 8)", "0) 4)")
+    assert session.holds(agreeing, ['(binary "add" (dist "b") (dist "b"))'])  # still usable
 
 
 @pytest.mark.parametrize("field", ["window_nodes", "window_seconds"])

@@ -26,7 +26,7 @@ from egglog import bindings
 from . import trait_facts
 from .base import Rule, check_conditions
 from .examples import tensor
-from .families import BINARY_KEYS, FACTS, UNARY_KEYS
+from .families import BINARY_KEYS, FACTS, KINDS, UNARY_KEYS
 from .terms import DECLARATIONS, App, At, Family, IndexOutOfRange, Term, evaluate, render
 from .terms import parse as parse_term
 
@@ -242,6 +242,14 @@ def _swaps(rule: Rule, env: dict[str, Any]) -> list[Variant]:
             ranks = Family(_redraw(value, list(value.shape), gen) for _ in range(rule.world))
             found.append(Variant(f"{name} rank-varying", {**env, name: ranks}))
     return found
+
+
+def partial_families(rule: Rule) -> list[str]:
+    """Family variables that no condition tests yet range over part of their kind: the egglog
+    rule would fire for keys its family leaves out (and its numeric checks never try)."""
+    tested = _condition_vars(rule)
+    return [name for name, members in rule.families.items()
+            if name not in tested and set(members) not in [set(kind) for kind in KINDS]]
 
 
 def _tested(rule: Rule) -> list[tuple[str, str]]:

@@ -92,7 +92,7 @@ def rules() -> list[Rule]:
              "(concat (binary f (expand z d na) a) (binary f (expand z d nb) b) d na nb)",
              _broadcast_example, families={"f": BINARY_KEYS}),
         Rule("commute-operands", "(binary f x y)", "(binary f y x)", _psum_example,
-             families={"f": COMMUTATIVE}),
+             when=("(commutative f)",), families={"f": COMMUTATIVE}),
         *_shape_op_rules(),
         *_softmax_gradient_rules(),
         # Negated losses: -(a - b) = b - a, and negation keeps zero fills.

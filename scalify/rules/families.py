@@ -18,7 +18,12 @@ SCALES_LEFT = ("mul", "div")
 SCALES_RIGHT = ("mul",)
 REDUCTIONS = ("sum", "amax", "logsumexp")
 NORMALIZATIONS = ("softmax", "log_softmax")
+COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne")  # of integer comparisons (`cmp_int`)
+# Every key of each kind. A rule's egglog text does not name the family it was written for: a
+# family variable that no condition tests (with a trait fact) matches every key of its kind.
+KINDS = (UNARY_KEYS, BINARY_KEYS, REDUCTIONS, NORMALIZATIONS, COMPARISONS)
 
 # Static trait facts loaded into every e-graph; linear unary keys are added per window.
-FACTS = {"additive": set(ADDITIVE), "scales_left": set(SCALES_LEFT),
+FACTS = {"commutative": set(COMMUTATIVE), "additive": set(ADDITIVE),
+         "scales_left": set(SCALES_LEFT),
          "scales_right": set(SCALES_RIGHT), "linear_unary": set(LINEAR_UNARY_KEYS)}

@@ -14,8 +14,8 @@ import torch
 from .base import Rule
 from .examples import tensor
 from .movement import MOVEMENT_OPS
-from .families import (ADDITIVE, BINARY_KEYS, LINEAR_UNARY_KEYS, NORMALIZATIONS, REDUCTIONS,
-                       SCALES_LEFT, SCALES_RIGHT, UNARY_KEYS)
+from .families import (ADDITIVE, BINARY_KEYS, COMPARISONS, LINEAR_UNARY_KEYS, NORMALIZATIONS,
+                       REDUCTIONS, SCALES_LEFT, SCALES_RIGHT, UNARY_KEYS)
 from .terms import Family
 
 RULESET = "ranks"
@@ -94,7 +94,7 @@ def _row_wise() -> list[Rule]:
 
     return [
         Rule("compare-over-rcat", "(cmp_int f (rcat x d s) v)", "(rcat (cmp_int f x v) d s)",
-             compare, families={"f": ("lt", "le", "gt", "ge", "eq", "ne")}),
+             compare, families={"f": COMPARISONS}),
         Rule("add-int-over-rcat", "(add_int (rcat x d s) v)", "(rcat (add_int x v) d s)", compare),
         Rule("masked-fill-over-rcats", "(masked_fill (rcat x d s) (rcat m d s) v)",
              "(rcat (masked_fill x m v) d s)", masked),

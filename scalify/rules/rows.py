@@ -10,6 +10,7 @@ import torch
 
 from .base import Rule
 from .examples import tensor
+from .families import COMPARISONS
 
 SHAPE = (3, 4, 5)  # examples concatenate along dim 1, split after 1
 
@@ -60,7 +61,7 @@ def rules() -> list[Rule]:
              lambda gen, c: {"a": tensor(gen, *SHAPE), "b": tensor(gen, *SHAPE)}),
         Rule("compare-over-concat", "(cmp_int f (concat a b d na nb) v)",
              "(concat (cmp_int f a v) (cmp_int f b v) d na nb)", _compare,
-             families={"f": ("lt", "le", "gt", "ge", "eq", "ne")}),
+             families={"f": COMPARISONS}),
         Rule("add-int-over-concat", "(add_int (concat a b d na nb) v)",
              "(concat (add_int a v) (add_int b v) d na nb)", _compare),
         Rule("masked-fill-over-concats", "(masked_fill (concat a b d na nb) (concat m1 m2 d na nb) v)",

@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 
 from scalify.rules import all_rules
-from scalify.rules.audit import audit
+from scalify.rules.audit import audit, partial_families
 from scalify.rules.base import Rule
 
 CASES = [(rule, choice) for rule in all_rules() for choice in rule.instances()]
@@ -21,6 +21,18 @@ def test_rule_instance_passes_the_audit(rule, choice):
     assert not result.problems(), "\n".join(map(str, result.problems()))
     if rule.when:  # the conditions are exercised on both sides of their boundary
         assert result.violating > 0, "no variant violates the rule's conditions"
+
+
+def test_a_family_no_condition_tests_covers_its_whole_kind():
+    assert {rule.name: partial_families(rule) for rule in all_rules()
+            if partial_families(rule)} == {}
+
+
+def test_the_audit_catches_a_partial_family_without_its_trait_condition():
+    """Commutativity written for add and mul but without `(commutative f)` would also swap the
+    operands of sub in egglog."""
+    unguarded = replace(_rule("commute-operands"), when=())
+    assert partial_families(unguarded) == ["f"]
 
 
 def _rule(name: str) -> Rule:

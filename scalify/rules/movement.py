@@ -196,8 +196,6 @@ def rules() -> list[Rule]:
         Rule("merge-unit-dim", "(merge x d i)", "(squeeze x d)",
              lambda gen, c: {"x": tensor(gen, 4, 1, 6), "d": 1, "i": 6},
              when=("(= (dimsize x d) 1)",)),
-        Rule("transpose-twice", "(transpose (transpose x d e) d e)", "x",
-             lambda gen, c: {"x": tensor(gen, *SHAPE), "d": 0, "e": 2}),
         Rule("squeeze-unsqueeze", "(squeeze (unsqueeze x d) d)", "x",
              lambda gen, c: {"x": tensor(gen, 4, 3), "d": 1}),
         Rule("unsqueeze-squeeze", "(unsqueeze (squeeze x d) d)", "x",

@@ -26,6 +26,7 @@ def test_a_round_trip_is_its_input() -> None:
     simplified = without_double_transposes(_graph((2, -2)))
     assert "back" not in simplified and simplified["out"].inputs == ("x",)
     assert simplified.outputs == ["out", "x"]
+    assert "t" not in simplified  # the inner transpose, now unused
 
 
 def test_transposes_of_other_dims_stay() -> None:

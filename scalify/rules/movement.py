@@ -247,19 +247,33 @@ def per_rank_rules() -> list[Rule]:
              lambda gen, c: {"u": tensor(gen, 3, 1, 1, 5), "d": 1, "e": 2, "n": 4},
              when=("(= e (+ d 1))", "(= (dimsize u d) 1)", "(= (% n 2) 0)", "(>= n 2)")),
         # Two blocks side by side are the sum of each put at its place in zeros, where the
-        # program pads them so (the backward of two ranks each taking its own block; the
-        # rank-family path has `rank-blocks-in-zeros`).
+        # program sums them so (the backward of two ranks each taking its own block; the
+        # rank-family path has `rank-blocks-in-zeros`). Fired by the sum, not by the two pads
+        # alone: pads of unrelated tensors (another shape in another dim) make no concat.
         Rule("blocks-in-zeros", "(concat a b d na nb)",
              '(psum (pad a d 0 nb "0.0") (pad b d na 0 "0.0"))', _blocks_in_zeros,
-             when=("(= q (pad b d na 0 \"0.0\"))", "(= (dimsize a d) na)", "(= (dimsize b d) nb)"),
-             trigger='(pad a d 0 nb "0.0")'),
+             when=("(= (dimsize a d) na)", "(= (dimsize b d) nb)"),
+             trigger='(psum (pad a d 0 nb "0.0") (pad b d na 0 "0.0"))'),
+        # A rank tensor that is a concat (the backward of a rank's split of a fused projection)
+        # names its parts as slices of it, so a reference value equal to one part finds it.
+        # Only rank tensors: `concat-parts-are-slices` on every concat is the family path's.
+        Rule("rank-concat-parts-are-slices", "(concat a b d na nb)",
+             "(concat (slice (concat a b d na nb) d 0 na) "
+             "(slice (concat a b d na nb) d na (+ na nb)) d na nb)", _rank_concat,
+             when=("(= fired (concat a b d na nb))",), trigger="(dist n)"),
     ]
 
 
-def _blocks_in_zeros(gen, choice):
-    """Blocks `a`, `b` along dim 1 and `q`, `b` padded before by `a`'s size."""
+def _rank_concat(gen, choice):
+    """Parts `a`, `b` along dim 1 and the rank tensor `n` (`fired`) that is their concat."""
     env = concat_parts(gen, SHAPE, 1, 2)
-    return {**env, "q": torch.nn.functional.pad(env["b"], (0, 0, 0, 0, 2, 0))}
+    whole = torch.cat([env["a"], env["b"]], 1)
+    return {**env, "n": "whole", "whole": whole, "fired": whole}
+
+
+def _blocks_in_zeros(gen, choice):
+    """Blocks `a`, `b` along dim 1."""
+    return concat_parts(gen, SHAPE, 1, 2)
 
 
 # Shape facts the size-dependent rules read: a concat's parts have the sizes it records, an

@@ -98,6 +98,8 @@ def _tensor_parallel(experiment: Experiment, hf_config, reference_step: Step,
         logits = Replicate() if plan.logits == "gathered" else Shard(-1)
         return Programs(reference_step, rank_model, inputs, placements, [logits],
                         shard_fn=shard_fn)
+    if plan.fused:
+        _check_fused_backward(hf_config, world)
     if shard_fn is not None:  # the gradients are laid out as the parameters the function gives
         from .api import stated_placements
 
@@ -109,6 +111,19 @@ def _tensor_parallel(experiment: Experiment, hf_config, reference_step: Step,
     return Programs(reference_step, lambda rank: Step(rank_model(rank), step), inputs, placements,
                     [Replicate(), *(placements[name] for name in names)], grad=True,
                     fused_ops=fused_ops)
+
+
+def _check_fused_backward(hf_config, world: int) -> None:
+    """Refuse the fused layout's training step where it is not proved yet."""
+    from .parallel.fused import head_layout
+
+    groups, _, _ = head_layout(hf_config, world)
+    if groups > 1:
+        raise ConfigError(
+            f"verify.backward with plan.fused: each rank holds {groups} interleaved [q, k, v] "
+            f"groups ({hf_config.num_key_value_heads} kv heads over {world} ranks), whose input "
+            "gradient is not related to the reference's yet: use at most as many kv heads as "
+            "tensor_parallel (model.num_key_value_heads in overrides)")
 
 
 def _holders(placements: dict[str, Placement], names: list[str]) -> dict[str, str]:

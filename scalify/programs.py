@@ -117,7 +117,13 @@ def _check_fused_backward(hf_config, world: int) -> None:
     """Refuse the fused layout's training step where it is not proved yet."""
     from .parallel.fused import head_layout
 
-    groups, _, _ = head_layout(hf_config, world)
+    groups, _, sharing = head_layout(hf_config, world)
+    if sharing > 1:
+        raise ConfigError(
+            f"verify.backward with plan.fused: {hf_config.num_key_value_heads} kv heads over "
+            f"{world} ranks are replicated over {sharing} ranks each, and that training step is "
+            "not proved in reasonable time yet: use as many kv heads as tensor_parallel "
+            "(model.num_key_value_heads in overrides)")
     if groups > 1:
         raise ConfigError(
             f"verify.backward with plan.fused: each rank holds {groups} interleaved [q, k, v] "

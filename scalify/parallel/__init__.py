@@ -20,7 +20,7 @@ from scalify.errors import ConfigError
 from scalify.parallel.fused import FUSED_PARTS
 from scalify.parallel.gpt2 import GPT2Parts, build_gpt2_rank
 from scalify.parallel.llama import LlamaParts, build_llama_rank
-from scalify.parallel.planted import PLANTED_BUGS, PLANTED_FUSED_PARTS, PLANTED_PARTS, PLANTED_QKV_ROWS
+from scalify.parallel.planted import PLANTED_BUGS, PLANTED_PARTS, PLANTED_QKV_ROWS
 from scalify.parallel.sharding import shard_fused_llama
 from scalify.placements import Placement, Replicate
 
@@ -53,10 +53,8 @@ def _parts(family: str, planted_bug: str | None, fused: bool = False) -> LlamaPa
         raise ConfigError(f"unknown model family {family!r}; known: {', '.join(_FAMILIES)}")
     if fused and family != "llama":
         raise ConfigError(f"fused layouts exist for llama, not {family!r}")
-    if (planted_bug in PLANTED_QKV_ROWS or planted_bug in PLANTED_FUSED_PARTS) and not fused:
+    if planted_bug in PLANTED_QKV_ROWS and not fused:
         raise ConfigError(f"planted bug {planted_bug!r} is in the fused layout: set plan.fused: true")
-    if planted_bug in PLANTED_FUSED_PARTS:
-        return PLANTED_FUSED_PARTS[planted_bug]
     if planted_bug is None or planted_bug in PLANTED_QKV_ROWS:
         return FUSED_PARTS if fused else _FAMILIES[family].correct_parts
     if planted_bug not in PLANTED_PARTS:

@@ -4,7 +4,6 @@ The line that does the wrong thing carries `# planted: <name>`; a verifier shoul
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -17,7 +16,6 @@ from transformers.models.llama.modeling_llama import repeat_kv
 from scalify.errors import ConfigError
 from scalify.parallel.cross_entropy import VocabParallelCrossEntropy
 from scalify.parallel.data import DataParallelStep, sum_over_ranks
-from scalify.parallel.fused import FUSED_PARTS, FusedQKVLlamaAttention
 from scalify.parallel.gpt2 import GPT2Parts, ParallelGPT2Attention
 from scalify.parallel.layers import (
     SEQUENCE_DIM,
@@ -55,9 +53,6 @@ PLANTED_BUGS: dict[str, str] = {
                          "token count are divided by the number of ranks",
     "fused-plain-column-shard": "fused llama's shard function cuts [q; k; v] into equal row blocks, "
                                 "not per head group",
-    "fused-kv-grad-unreduced": "fused llama with fewer kv heads than ranks: the replicated kv "
-                               "rows' gradient (each rank's query heads' part) is not summed "
-                               "over the ranks sharing the kv head",
     "pp-stage-boundary-dropped": "pipeline: stage 1 starts one layer later, so the layer at the "
                                  "boundary runs on no stage",
     "pp-stage-boundary-duplicated": "pipeline: stage 0 also runs stage 1's first layer, which "
@@ -223,17 +218,6 @@ PLANTED_PARTS: dict[str, dict[str, LlamaParts | GPT2Parts]] = {
     "ce-sum-grad-allreduced": {"llama": LlamaParts(loss=SumGradientAllReducedLoss)},
 }
 """For each bug, the parts that plant it, per model family it applies to."""
-
-
-class UnreducedKVGradAttention(FusedQKVLlamaAttention):
-    def sync_grads(self, grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return {}  # planted: fused-kv-grad-unreduced
-
-
-PLANTED_FUSED_PARTS: dict[str, LlamaParts] = {
-    "fused-kv-grad-unreduced": replace(FUSED_PARTS, attention=UnreducedKVGradAttention),
-}
-"""Bugs in the fused layout's layers: the parts that plant them."""
 
 
 class MeanOfMeansStep(DataParallelStep):

@@ -22,8 +22,8 @@ from scalify.parallel import PLANTED_BUGS, build_rank_model, param_placements
 from scalify.parallel.context_planted import CONTEXT_PLANTED
 from scalify.parallel.dtensor_planted import DTENSOR_PLANTED_BUGS
 from scalify.parallel.experts_planted import EXPERT_PARALLEL_BUGS
-from scalify.parallel.planted import (DATA_PARALLEL_BUGS, PIPELINE_BUGS, PLANTED_FUSED_PARTS,
-                                      PLANTED_PARTS, PLANTED_QKV_ROWS)
+from scalify.parallel.planted import (DATA_PARALLEL_BUGS, PIPELINE_BUGS, PLANTED_PARTS,
+                                      PLANTED_QKV_ROWS)
 from scalify.placements import Placement, Replicate, Shard
 
 LAYER_FIELD = {"llama": "num_hidden_layers", "gpt2": "n_layer"}
@@ -205,7 +205,7 @@ def test_each_planted_bug_is_marked_on_exactly_one_line():
     markers = re.findall(r"# planted: ([\w-]+)", sources)
     assert sorted(markers) == sorted([*PLANTED_BUGS, *DTENSOR_PLANTED_BUGS, *EXPERT_PARALLEL_BUGS,
                                       *CONTEXT_PLANTED])
-    assert set(PLANTED_PARTS) | set(PLANTED_QKV_ROWS) | set(PLANTED_FUSED_PARTS) == \
+    assert set(PLANTED_PARTS) | set(PLANTED_QKV_ROWS) == \
         set(PLANTED_BUGS) - set(DATA_PARALLEL_BUGS) - set(PIPELINE_BUGS)
 
 

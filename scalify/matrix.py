@@ -38,6 +38,7 @@ class Cell:
     rank_symmetry: bool = True
     loss: bool = False  # forward up to the loss
     layers: int = 1  # decoder layers of the tiny model
+    model_fields: tuple[tuple[str, object], ...] = ()  # config overrides, e.g. fewer kv heads
 
     @property
     def step(self) -> str:
@@ -61,7 +62,8 @@ class Cell:
                 "plan": {"tensor_parallel": 1, **dict(self.plan_fields), "planted_bug": self.bug},
                 "hardware": {"name": f"gpu-{world}", "target": "gpu", "devices": world},
                 "inputs": {"batch": self.batch, "seq": 8},
-                "overrides": {_LAYERS[self.family]: self.layers},
+                "overrides": {_LAYERS[self.family]: self.layers,
+                              **{f"model.{key}": value for key, value in self.model_fields}},
                 "verify": {"backward": self.backward, "loss": self.loss,
                            "rank_symmetry": self.rank_symmetry}}
 
@@ -82,6 +84,8 @@ def _cells() -> list[Cell]:
     pp2 = (("pipeline_parallel", 2),)
     pp2_micro = (("pipeline_parallel", 2), ("micro_batches", 2))
     cp2 = (("context_parallel", 2),)
+    fused2 = (("tensor_parallel", 2), ("fused", True))
+    kv2 = (("num_key_value_heads", 2),)  # one [q, k, v] group per rank
     return [
         Cell("llama", "TP2", False, tp2),
         Cell("gpt2", "TP2", False, tp2),
@@ -135,6 +139,9 @@ def _cells() -> list[Cell]:
         Cell("llama", "CP2", False, cp2),
         Cell("llama", "CP2", False, cp2, bug="cp-local-softmax-no-merge"),
         Cell("llama", "CP2", False, cp2, bug="cp-mask-local-positions"),
+        Cell("llama", "TP2 fused, 2 kv heads", True, fused2, model_fields=kv2),
+        Cell("llama", "TP2 fused, 2 kv heads", True, fused2, model_fields=kv2,
+             bug="fused-plain-column-shard"),
     ]
 
 
@@ -175,7 +182,9 @@ def run_cell(cell: Cell) -> Outcome:
     where = str(first.dist_source) if first else ""
     if cell.bug:
         line = planted_line(cell.bug)
-        at_line = first is not None and line in first.lines()
+        # A line the discrepancy names: among its source lines, or in its hint (a sharding
+        # function's line, where the layout a fused bug gets wrong was stated).
+        at_line = first is not None and (line in first.lines() or "{}:{}".format(*line) in first.hint)
         passed = report.verdict == "discrepancy" and not agrees and at_line
         return Outcome(report.verdict, agrees, at_line, seconds, passed, where)
     if cell.gap:

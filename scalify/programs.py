@@ -10,7 +10,7 @@ from torch import nn
 
 from .config import Experiment
 from .errors import ConfigError
-from .placements import Placement, Replicate, Shard, Stage
+from .placements import Custom, Placement, Replicate, Shard, Stage
 from .steps import Step, hf_logits, hf_loss, training_step
 
 
@@ -98,13 +98,54 @@ def _tensor_parallel(experiment: Experiment, hf_config, reference_step: Step,
         logits = Replicate() if plan.logits == "gathered" else Shard(-1)
         return Programs(reference_step, rank_model, inputs, placements, [logits],
                         shard_fn=shard_fn)
-    if shard_fn is not None:
-        raise ConfigError("verify.backward is not supported with fused layouts or shard_fn yet "
-                          "(the gradients of per-group interleaved layouts are not related yet)")
-    step = training_step(rank_loss, names, finalize_grads)
+    if plan.fused:
+        _check_fused_backward(hf_config, world)
+    if shard_fn is not None:  # the gradients are laid out as the parameters the function gives
+        from .api import stated_placements
+
+        placements = stated_placements(reference_step, world, None, shard_fn)
+    step = training_step(rank_loss, names, finalize_grads, _holders(placements, names))
+    # A fused projection's input gradient is one matmul on the ranks, the sum of one per
+    # projection in the reference; a vocab-parallel loss fuses its softmax gradient.
+    fused_ops = 3 if plan.logits == "vocab_parallel" else 4 if shard_fn is not None else 0
     return Programs(reference_step, lambda rank: Step(rank_model(rank), step), inputs, placements,
                     [Replicate(), *(placements[name] for name in names)], grad=True,
-                    fused_ops=3 if plan.logits == "vocab_parallel" else 0)
+                    fused_ops=fused_ops)
+
+
+def _check_fused_backward(hf_config, world: int) -> None:
+    """Refuse the fused layout's training step where it is not proved yet."""
+    from .parallel.fused import head_layout
+
+    groups, _, sharing = head_layout(hf_config, world)
+    if sharing > 1:
+        raise ConfigError(
+            f"verify.backward with plan.fused: {hf_config.num_key_value_heads} kv heads over "
+            f"{world} ranks are replicated over {sharing} ranks each, and that training step is "
+            "not proved in reasonable time yet: use as many kv heads as tensor_parallel "
+            "(model.num_key_value_heads in overrides)")
+    if groups > 1:
+        raise ConfigError(
+            f"verify.backward with plan.fused: each rank holds {groups} interleaved [q, k, v] "
+            f"groups ({hf_config.num_key_value_heads} kv heads over {world} ranks), whose input "
+            "gradient is not related to the reference's yet: use at most as many kv heads as "
+            "tensor_parallel (model.num_key_value_heads in overrides)")
+
+
+def _holders(placements: dict[str, Placement], names: list[str]) -> dict[str, str]:
+    """The rank parameter holding each reference parameter of a Custom placement (a fused
+    qkv_proj holds q_proj), whose gradient then stands for the reference parameter's."""
+    holders = {}
+    for name in names:
+        placement = placements[name]
+        if isinstance(placement, Custom):
+            held_in = sorted({piece.local for piece in placement.pieces})
+            if len(held_in) > 1:
+                raise ConfigError(f"verify.backward: the sharding function puts pieces of {name} "
+                                  f"in several rank tensors ({', '.join(held_in)}); a training "
+                                  "step is verified when each reference parameter lies in one")
+            holders[name] = held_in[0]
+    return holders
 
 
 def _context_parallel(experiment: Experiment, hf_config, reference_step: Step,

@@ -49,21 +49,26 @@ def keep_grads(model: nn.Module, grads: dict[str, torch.Tensor]) -> dict[str, to
     return grads
 
 
-def training_step(loss_of: LossOf, names: list[str], finalize: Finalize = keep_grads) -> Run:
+def training_step(loss_of: LossOf, names: list[str], finalize: Finalize = keep_grads,
+                  holders: dict[str, str] | None = None) -> Run:
     """A run returning (loss, gradient of each parameter in `names`), the gradients taken
-    after `finalize` (the framework's gradient sync: all-reduces over TP or DP groups)."""
+    after `finalize` (the framework's gradient sync: all-reduces over TP or DP groups).
+    `holders` names, for each of `names`, the model parameter that holds it when the model's
+    names differ (a fused `qkv_proj.weight` holds `q_proj.weight`): its gradient is returned."""
+    held = [(holders or {}).get(name, name) for name in names]
 
     def run(model: nn.Module, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
         loss = loss_of(model, inputs)
         params = dict(model.named_parameters())
-        missing = [name for name in names if name not in params]
+        own = list(dict.fromkeys(held))
+        missing = [name for name in own if name not in params]
         if missing:
             raise KeyError(f"the model has no parameter named {missing[0]!r}")
-        grads = torch.autograd.grad(loss, [params[name] for name in names], allow_unused=True)
-        for name, grad in zip(names, grads):
+        grads = torch.autograd.grad(loss, [params[name] for name in own], allow_unused=True)
+        for name, grad in zip(own, grads):
             if grad is None:
                 raise ValueError(f"the loss does not depend on parameter {name!r}")
-        synced = finalize(model, dict(zip(names, grads)))
-        return (loss, *(synced[name] for name in names))
+        synced = finalize(model, dict(zip(own, grads)))
+        return (loss, *(synced[name] for name in held))
 
     return run

@@ -6,7 +6,9 @@ one kv head, replicated over the ranks that share it. gate_up_proj holds [gate_r
 The reference (HF's LlamaForCausalLM) keeps q/k/v and gate/up separate, so these parameters
 relate to several reference parameters: `shard_fused_llama` states how (scalify/parallel/sharding.py).
 Both fused projections take their replicated input through Megatron's f, so in a training step
-the input's gradient (partial on each rank) is all-reduced.
+the input's gradient (partial on each rank) is all-reduced. A replicated kv head's rows get,
+on each rank sharing it, only that rank's query heads' part of their gradient: `sync_grads`
+sums them over the sharing ranks.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from transformers import LlamaConfig
 from transformers.activations import ACT2FN
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, eager_attention_forward
 
-from scalify.parallel.layers import copy_to_tensor_parallel, divide
+from scalify.parallel.layers import copy_to_tensor_parallel, divide, sum_over_rank_blocks
 from scalify.parallel.llama import LlamaParts
 
 
@@ -39,7 +41,7 @@ class FusedQKVLlamaAttention(nn.Module):
     def __init__(self, config: LlamaConfig, world_size: int, parts: LlamaParts) -> None:
         super().__init__()
         self.head_dim = getattr(config, "head_dim", config.hidden_size // config.num_attention_heads)
-        self.groups, self.q_per_group, _ = head_layout(config, world_size)
+        self.groups, self.q_per_group, self.sharing = head_layout(config, world_size)
         self.num_key_value_groups = self.q_per_group
         self.scaling = self.head_dim**-0.5
         self.attention_dropout = config.attention_dropout
@@ -70,6 +72,15 @@ class FusedQKVLlamaAttention(nn.Module):
             dropout=0.0 if not self.training else self.attention_dropout, scaling=self.scaling)
         attn_output = attn_output.reshape(*input_shape, -1).contiguous()
         return self.o_proj(attn_output), attn_weights
+
+
+    def sync_grads(self, grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """qkv_proj's gradients with the replicated kv rows summed over the ranks sharing them."""
+        if self.sharing == 1:
+            return {}
+        q_rows = self.q_per_group * self.head_dim  # one kv group per rank when kv heads are shared
+        return {name: torch.cat([grad[:q_rows], sum_over_rank_blocks(grad[q_rows:], self.sharing)])
+                for name, grad in grads.items() if name.startswith("qkv_proj.")}
 
 
 class FusedGateUpLlamaMLP(nn.Module):

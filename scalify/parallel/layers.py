@@ -5,7 +5,7 @@ layer's parameters; the collectives run on the default process group (`dist.grou
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 import torch
 import torch.distributed as dist
@@ -30,6 +30,14 @@ def divide(total: int, parts: int, what: str) -> int:
 
 def _sum_over_ranks(partial: torch.Tensor) -> torch.Tensor:
     return funcol.all_reduce(partial, "sum", dist.group.WORLD)
+
+
+def sum_over_rank_blocks(partial: torch.Tensor, block: int) -> torch.Tensor:
+    """Sum `partial` over this rank's block of `block` consecutive ranks (e.g. the ranks that
+    share one replicated kv head); every rank creates every block's group, as Megatron does."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    groups = [dist.new_group(list(range(start, start + block))) for start in range(0, world, block)]
+    return funcol.all_reduce(partial, "sum", groups[rank // block])
 
 
 def _gather(local: torch.Tensor, dim: int) -> torch.Tensor:
@@ -266,6 +274,14 @@ class RowParallelConv1D(Conv1D):
         return {"weight": Shard(0), "bias": Replicate()}
 
 
+@runtime_checkable
+class GradSync(Protocol):
+    """A layer whose parameters' gradients need a sync after the backward pass."""
+
+    def sync_grads(self, grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The synced gradients of those of its parameters (by local name) that need one."""
+
+
 class ParallelCausalLM(nn.Module):
     """A backbone (under HF's attribute name, so parameter names match) and a column-parallel
     lm_head, tied to the vocab-parallel embedding when the config ties them; logits are gathered
@@ -298,5 +314,13 @@ class ParallelCausalLM(nn.Module):
         return ForCausalLMLoss(logits, labels, logits.shape[-1])
 
     def finalize_grads(self, grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The gradients after the step's synchronisation (none is needed under plain TP)."""
-        return grads
+        """The gradients after the step's synchronisation: each `GradSync` layer syncs its own
+        (replicated fused kv rows); plain TP needs nothing else."""
+        synced = dict(grads)
+        for prefix, layer in self.named_modules():
+            if isinstance(layer, GradSync):
+                own = {local: synced[f"{prefix}.{local}"] for local, _ in layer.named_parameters()
+                       if f"{prefix}.{local}" in synced}
+                synced.update({f"{prefix}.{local}": grad
+                               for local, grad in layer.sync_grads(own).items()})
+        return synced

@@ -248,18 +248,42 @@ def per_rank_rules() -> list[Rule]:
              when=("(= e (+ d 1))", "(= (dimsize u d) 1)", "(= (% n 2) 0)", "(>= n 2)")),
         # Two blocks side by side are the sum of each put at its place in zeros, where the
         # program pads them so (the backward of two ranks each taking its own block; the
-        # rank-family path has `rank-blocks-in-zeros`).
-        Rule("blocks-in-zeros", "(concat a b d na nb)",
-             '(psum (pad a d 0 nb "0.0") (pad b d na 0 "0.0"))', _blocks_in_zeros,
-             when=("(= q (pad b d na 0 \"0.0\"))", "(= (dimsize a d) na)", "(= (dimsize b d) nb)"),
-             trigger='(pad a d 0 nb "0.0")'),
+        # rank-family path has `rank-blocks-in-zeros`). One rule per tensor rank and dim, each
+        # requiring the blocks' sizes to agree in its other dims: pads of unrelated tensors
+        # (a query's and a key's rotary halves) made ill-typed concats, shape conflicts.
+        *(_blocks_in_zeros(rank, dim) for rank in range(1, 6) for dim in range(rank)),
+        # A rank tensor that is a concat (the backward of a rank's split of a fused projection)
+        # names its parts as slices of it, so a reference value equal to one part finds it.
+        # Only rank tensors: `concat-parts-are-slices` on every concat is the family path's.
+        Rule("rank-concat-parts-are-slices", "(concat a b d na nb)",
+             "(concat (slice (concat a b d na nb) d 0 na) "
+             "(slice (concat a b d na nb) d na (+ na nb)) d na nb)", _rank_concat,
+             when=("(= fired (concat a b d na nb))",), trigger="(dist n)"),
     ]
 
 
-def _blocks_in_zeros(gen, choice):
-    """Blocks `a`, `b` along dim 1 and `q`, `b` padded before by `a`'s size."""
+def _rank_concat(gen, choice):
+    """Parts `a`, `b` along dim 1 and the rank tensor `n` (`fired`) that is their concat."""
     env = concat_parts(gen, SHAPE, 1, 2)
-    return {**env, "q": torch.nn.functional.pad(env["b"], (0, 0, 0, 0, 2, 0))}
+    whole = torch.cat([env["a"], env["b"]], 1)
+    return {**env, "n": "whole", "whole": whole, "fired": whole}
+
+
+def _blocks_in_zeros(rank: int, dim: int) -> Rule:
+    """`blocks-in-zeros` for blocks of `rank` dims along `dim`."""
+    shape = (4, 6, 2, 3, 5)[:rank]
+    same = tuple(f"(= (dimsize a {e}) (dimsize b {e}))" for e in range(rank) if e != dim)
+
+    def example(gen, choice):
+        env = concat_parts(gen, shape, dim, 1)
+        pad = [0, 0] * (rank - 1 - dim) + [1, 0]
+        return {**env, "q": torch.nn.functional.pad(env["b"], pad)}
+
+    return Rule(f"blocks-in-zeros-{rank}d-{dim}", f"(concat a b {dim} na nb)",
+                f'(psum (pad a {dim} 0 nb "0.0") (pad b {dim} na 0 "0.0"))', example,
+                when=(f'(= q (pad b {dim} na 0 "0.0"))', f"(= (dimsize a {dim}) na)",
+                      f"(= (dimsize b {dim}) nb)", *same),
+                trigger=f'(pad a {dim} 0 nb "0.0")')
 
 
 # Shape facts the size-dependent rules read: a concat's parts have the sizes it records, an

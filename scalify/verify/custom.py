@@ -33,11 +33,12 @@ def check_tiling(target: str, placement: Custom, ref_shape: Shape) -> None:
                          "(the rank pieces leave a gap)")
 
 
-def _spans(placement: Custom, size: int) -> list[tuple[int, int, Piece]]:
-    """The dim cut at every piece boundary: (start, end, the lowest-rank piece covering it)."""
+def _spans(placement: Custom, size: int, preferred: int = 0) -> list[tuple[int, int, Piece]]:
+    """The dim cut at every piece boundary: (start, end, the piece covering it, rank `preferred`'s
+    if it holds one, else the lowest rank's)."""
     cuts = sorted({0, size, *(p.ref_start for p in placement.pieces),
                    *(p.ref_start + p.size for p in placement.pieces)})
-    order = sorted(placement.pieces, key=lambda p: (p.rank, p.local, p.local_start))
+    order = sorted(placement.pieces, key=lambda p: (p.rank != preferred, p.rank, p.local, p.local_start))
     spans = []
     for start, end in zip(cuts, cuts[1:]):
         owner = next(p for p in order if p.ref_start <= start and end <= p.ref_start + p.size)
@@ -59,27 +60,25 @@ def _slice(name: str, dim: int, start: int, end: int, shape: Shape) -> str:
     return leaf(name) if whole else f"(slice {leaf(name)} {dim} {start} {end})"
 
 
-def family_custom_relation(placement: Custom, ref_shape: Shape, local_shape: Shape,
+def family_custom_relation(placement: Custom, ref_shape: Shape, local: str, local_shape: Shape,
                            world: int) -> Relation:
-    """The relation of an even-block Custom placement over a rank family: block by block, the
-    family's concatenation of each rank's block."""
-    name, blocks = placement.even_blocks(world)
+    """The relation of an even-block Custom placement over a rank family whose tensor `local`
+    holds the blocks: block by block, the family's concatenation of each rank's block."""
+    _, blocks = placement.even_blocks(world)
     dim = placement.dim % len(ref_shape)
-    terms = [f"(rcat {_slice(f'r0/{name}', dim, start, start + size, local_shape)} {dim} {size})"
+    terms = [f"(rcat {_slice(local, dim, start, start + size, local_shape)} {dim} {size})"
              for start, size in blocks]
     return Relation(concat_terms(terms, [size * world for _, size in blocks], dim))
 
 
-def custom_relation(target: str, placement: Custom, ref_shape: Shape,
-                    shape_of: Callable[[str], Shape | None]) -> Relation:
-    """ref = concat of the owners' slices (one nested concat per run of one rank tensor's slices,
-    as that rank's own split of it reads); every other piece is a replica of its owner's slice,
-    stated as a fact: its rank tensor equals itself with that slice replaced by the owner's."""
+def _piece_shapes(target: str, placement: Custom, ref_shape: Shape, name_of: Callable[[Piece], str],
+                  shape_of: Callable[[str], Shape | None]) -> dict[str, Shape]:
+    """The shape of every rank tensor holding a piece, checked to hold it (tiling checked too)."""
     check_tiling(target, placement, ref_shape)
     dim = placement.dim % len(ref_shape)
     shapes = {}
     for piece in placement.pieces:
-        name = rank_name(piece)
+        name = name_of(piece)
         shape = shape_of(name)
         if shape is None:
             raise ShapeError(f"{target}: rank {piece.rank}'s program has no input {piece.local}")
@@ -90,17 +89,32 @@ def custom_relation(target: str, placement: Custom, ref_shape: Shape,
                              f"{list(shape)}, which cannot hold {piece} of the reference shape "
                              f"{list(ref_shape)} along dim {dim}")
         shapes[name] = tuple(shape)
-    spans = _spans(placement, ref_shape[dim])
+    return shapes
+
+
+def _owners_term(spans: list[tuple[int, int, Piece]], dim: int, name_of: Callable[[Piece], str],
+                 shapes: dict[str, Shape]) -> str:
+    """The concat of the owners' slices (one nested concat per run of one rank tensor's slices,
+    as that rank's own split of it reads)."""
     runs: list[list[tuple[int, int, Piece]]] = []  # consecutive spans of one rank tensor
     for span in spans:
-        if runs and rank_name(runs[-1][-1][2]) == rank_name(span[2]):
+        if runs and name_of(runs[-1][-1][2]) == name_of(span[2]):
             runs[-1].append(span)
         else:
             runs.append([span])
-    terms = [concat_terms([_slice(rank_name(owner), dim, *_local(owner, start, end),
-                                  shapes[rank_name(owner)]) for start, end, owner in run],
+    terms = [concat_terms([_slice(name_of(owner), dim, *_local(owner, start, end),
+                                  shapes[name_of(owner)]) for start, end, owner in run],
                           [end - start for start, end, _ in run], dim) for run in runs]
-    sizes = [run[-1][1] - run[0][0] for run in runs]
+    return concat_terms(terms, [run[-1][1] - run[0][0] for run in runs], dim)
+
+
+def custom_relation(target: str, placement: Custom, ref_shape: Shape,
+                    shape_of: Callable[[str], Shape | None]) -> Relation:
+    """ref = concat of the owners' slices; every other piece is a replica of its owner's slice,
+    stated as a fact: its rank tensor equals itself with that slice replaced by the owner's."""
+    shapes = _piece_shapes(target, placement, ref_shape, rank_name, shape_of)
+    dim = placement.dim % len(ref_shape)
+    spans = _spans(placement, ref_shape[dim])
     facts = []
     for piece in placement.pieces:
         for start, end, owner in spans:
@@ -108,7 +122,36 @@ def custom_relation(target: str, placement: Custom, ref_shape: Shape,
             if piece == owner or lo >= hi:
                 continue
             facts.append(_replica_fact(piece, owner, lo, hi, dim, shapes))
-    return Relation(concat_terms(terms, sizes, dim), tuple(dict.fromkeys(facts)))
+    return Relation(_owners_term(spans, dim, rank_name, shapes), tuple(dict.fromkeys(facts)))
+
+
+def custom_output_terms(placement: Custom, ref_shape: Shape, rank_outputs: list[str],
+                        rank_shapes: list[Shape]) -> list[str]:
+    """Terms a reference output must equal when rank r's output `rank_outputs[r]` holds rank r's
+    pieces (a gradient, laid out as its parameter): one per rank, taking every span that rank
+    holds from it, so each replica is checked, not only the lowest rank's."""
+    shape_of = dict(zip(rank_outputs, map(tuple, rank_shapes))).get
+
+    def name_of(piece: Piece) -> str:
+        return rank_outputs[piece.rank]
+
+    shapes = _piece_shapes("output", placement, ref_shape, name_of, shape_of)
+    dim = placement.dim % len(ref_shape)
+    ranks = sorted({p.rank for p in placement.pieces})
+    return list(dict.fromkeys(_owners_term(_spans(placement, ref_shape[dim], rank), dim, name_of,
+                                           shapes) for rank in ranks))
+
+
+def custom_output_values(placement: Custom, outputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The reference-shaped values `custom_output_terms` states, from rank r's output `outputs[r]`."""
+    dim = placement.dim % outputs[0].dim()
+    size = max(p.ref_start + p.size for p in placement.pieces)
+    values = []
+    for rank in sorted({p.rank for p in placement.pieces}):
+        parts = [outputs[owner.rank].narrow(dim, _local(owner, start, end)[0], end - start)
+                 for start, end, owner in _spans(placement, size, rank)]
+        values.append(torch.cat(parts, dim))
+    return values
 
 
 def _replica_fact(piece: Piece, owner: Piece, start: int, end: int, dim: int,

@@ -13,8 +13,8 @@ import torch
 from ..ir.distributed import DistributedGraph
 from ..ir.graph import Graph, Node
 from ..ir.ops import OPS
-from ..placements import Partial, Placement, Replicate, Shard, Stage
-from .custom import held_values
+from ..placements import Custom, Partial, Placement, Replicate, Shard, Stage
+from .custom import custom_output_values, held_values
 from .relations import output_holders
 
 _FLOATS = {"float32", "float16", "bfloat16", "float64"}
@@ -115,6 +115,8 @@ def _assemble(outputs: list[torch.Tensor], placement: Placement) -> list[torch.T
         return outputs
     if isinstance(placement, Partial):
         return [torch.stack(outputs).sum(0)]
+    if isinstance(placement, Custom):
+        return custom_output_values(placement, outputs)
     assert isinstance(placement, Shard)
     dim = placement.dim % outputs[0].dim()
     holder = {chunk: rank for rank, chunk in reversed(list(enumerate(placement.chunks(len(outputs)))))}

@@ -22,9 +22,9 @@ from ..report.model import Discrepancy
 from ..rules.families import LINEAR_UNARY_OPS
 from ..rules.terms import App, is_relational, leaves, op_key, parse, render
 from .congruence import broadcast_term, rank_concat_relation, replicated_twins
-from .custom import custom_relation, family_custom_relation
+from .custom import custom_output_terms, custom_relation, family_custom_relation
 from .encode import encode
-from .relations import (Relation, describe, expected_output, family_relation,
+from .relations import (Relation, Shape, describe, expected_output, family_relation,
                         from_placement, leaf, output_holders, stage_relation)
 from .segments import SegmentKey, segment_key
 from .session import EgglogSession, NoAnswer, WindowLimits
@@ -260,8 +260,8 @@ class Verifier:
         placement = placements.get(target, Replicate())
         if isinstance(placement, Custom) and self.dist.symbolic:  # even blocks (relations.py)
             local = f"r0/{placement.pieces[0].local}"
-            return family_custom_relation(placement, node.shape, self.dist.graph[local].shape,
-                                          self.dist.world_size)
+            return family_custom_relation(placement, node.shape, local,
+                                          self.dist.graph[local].shape, self.dist.world_size)
         if isinstance(placement, Custom):
             return custom_relation(target, placement, node.shape, lambda name: (
                 self.dist.graph[name].shape if name in self.dist.graph else None))
@@ -474,8 +474,7 @@ class Verifier:
                             in output_holders(placements, position, len(self.dist.rank_outputs))]
             shapes = [self.dist.graph[n].shape for n in rank_outputs]
             held = Replicate() if isinstance(placement, Stage) else placement  # on its one rank
-            expected = expected_output(held, rank_outputs, shapes, self.ref[output].shape,
-                                       self.dist.world_size, self.dist.symbolic)
+            expected = self._expected_output(held, rank_outputs, shapes, self.ref[output].shape)
             known = set(relation.leaf_names())
             region = region_of(self.dist.graph[rank_outputs[0]].source.module)
             # From the relation's rank tensors down, and from the rank outputs up: ops between
@@ -498,6 +497,18 @@ class Verifier:
             if not holds:
                 result.discrepancies.append(self._output_discrepancy(
                     self.ref[output], relation, placement, rank_outputs))
+
+    def _expected_output(self, placement: Placement, rank_outputs: list[str],
+                         shapes: list[Shape], ref_shape: Shape) -> list[str]:
+        """Terms a reference output must equal: Custom ones (fused gradients) from the rank
+        outputs laid out as the rank tensors their pieces name, the rest as `expected_output`."""
+        if isinstance(placement, Custom) and self.dist.symbolic:
+            return [family_custom_relation(placement, ref_shape, rank_outputs[0], shapes[0],
+                                           self.dist.world_size).term]
+        if isinstance(placement, Custom):
+            return custom_output_terms(placement, ref_shape, rank_outputs, shapes)
+        return expected_output(placement, rank_outputs, shapes, ref_shape, self.dist.world_size,
+                               self.dist.symbolic)
 
     # Diagnostics.
 

@@ -82,6 +82,7 @@ def _cells() -> list[Cell]:
     pp2 = (("pipeline_parallel", 2),)
     pp2_micro = (("pipeline_parallel", 2), ("micro_batches", 2))
     cp2 = (("context_parallel", 2),)
+    cp2_balanced = (("context_parallel", 2), ("context_load_balance", True))
     return [
         Cell("llama", "TP2", False, tp2),
         Cell("gpt2", "TP2", False, tp2),
@@ -131,6 +132,8 @@ def _cells() -> list[Cell]:
         Cell("llama", "CP2", False, cp2),
         Cell("llama", "CP2", False, cp2, bug="cp-local-softmax-no-merge"),
         Cell("llama", "CP2", False, cp2, bug="cp-mask-local-positions"),
+        Cell("llama", "CP2 load-balanced", False, cp2_balanced),
+        Cell("llama", "CP2 load-balanced", False, cp2_balanced, bug="cp-mask-local-positions"),
     ]
 
 

@@ -57,9 +57,15 @@ def _contraction(gen, choice):
     return {**concat_parts(gen, (2, 3, 6), 2, 2), "y": tensor(gen, 2, 6, 5), "r": 3, **choice}
 
 
-def _squeezed_parts(gen, choice):
-    """Parts of [1, 6, 5] cut along dim 1 after 2, to be squeezed along dim 0."""
-    return {**concat_parts(gen, (1, 6, 5), 1, 2), "k": 0, "c": 0, **choice}
+def _squeezed_parts(squeezed: int):
+    """Parts of a [6, 5] tensor with a size-1 dim inserted at `squeezed`, cut along the other
+    dims' first after 2 (`c`: its index once squeezed)."""
+    shape = (1, 6, 5) if squeezed == 0 else (6, 1, 5)
+    cut = 1 if squeezed == 0 else 0
+
+    def example(gen, choice):
+        return {**concat_parts(gen, shape, cut, 2), "k": squeezed, "c": 0, **choice}
+    return example
 
 
 def _sliced_broadcast(gen, choice):
@@ -141,9 +147,9 @@ def rules() -> list[Rule]:
         # Squeezed chunks side by side as one squeeze (the form `attention-unnormalised` reads:
         # the reference's values related chunk by chunk).
         Rule("squeezes-concat-before", "(concat (squeeze a k) (squeeze b k) c na nb)",
-             "(squeeze (concat a b c na nb) k)", _squeezed_parts, when=("(< c k)",)),
+             "(squeeze (concat a b c na nb) k)", _squeezed_parts(1), when=("(< c k)",)),
         Rule("squeezes-concat-after", "(concat (squeeze a k) (squeeze b k) c na nb)",
-             "(squeeze (concat a b (+ c 1) na nb) k)", _squeezed_parts, when=("(>= c k)",)),
+             "(squeeze (concat a b (+ c 1) na nb) k)", _squeezed_parts(0), when=("(>= c k)",)),
         Rule("binary-slice-and-broadcast", "(binary f (slice x d s e) (expand z d n))",
              "(slice (binary f x (expand z d m)) d s e)", _sliced_broadcast,
              when=("(= m (dimsize x d))",), families={"f": BINARY_KEYS}),

@@ -15,6 +15,7 @@ from .store import MemoStore
 _LEAF = re.compile(r'\(dist "([^"]+)"\)')
 _SAME = re.compile(r'\(same "([^"]+)" "([^"]+)"\)')
 _SLICED = re.compile(r'\(union \(dist "([^"]+)"\) \(slice ')
+SEARCH_BOUND = 300_000  # e-nodes past which a settling window stops searching
 _PARTIAL_REPLICA = re.compile(r'^\(union .*(\(dist "[^"]+"\)).* \1\)$', re.M)
 
 
@@ -156,7 +157,9 @@ class EgglogSession:
 
     def _saturate(self, egraph: bindings.EGraph, settled: Callable[[], bool] | None = None) -> list:
         """Run the rulesets up to `iterations` times (stopping at a fixpoint) within `limits`;
-        once `settled()` holds after an iteration, run one more and stop."""
+        once `settled()` holds after an iteration, run one more and stop, and stop when the
+        e-graph passes SEARCH_BOUND without it (nothing is concluded from that but what the
+        e-graph shows: an unrelated op stays unrelated)."""
         runs = " ".join(f"(run {name})" for name in self.rulesets)
         step = egraph.parse_program(f"(run-schedule (seq {runs}))\n(print-size)")
         start, outputs, settling = time.perf_counter(), [], False
@@ -171,6 +174,8 @@ class EgglogSession:
             if settling or not any(out.report.updated for out in ran
                                    if isinstance(out, bindings.RunScheduleOutput)):
                 break
+            if settled is not None and nodes > SEARCH_BOUND:
+                break  # what it found by now is the answer: a window that grows so is not settling
             settling = settled is not None and settled()
         self._refuse_conflicts(egraph)
         return outputs

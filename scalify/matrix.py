@@ -103,6 +103,8 @@ def _cells() -> list[Cell]:
         Cell("gpt2", "TP2", False, tp2, bug="global-heads-reshape"),
         Cell("llama", "TP2+SP", True, sp2, bug="sp-norm-grad-unreduced"),
         Cell("llama", "TP2+SP", True, sp2, bug="sp-gather-grad-not-reduced"),
+        Cell("llama", "TP2+SP", True, sp2, bug="sp-reduce-scatter-as-allreduce"),
+        Cell("llama", "TP2+SP", False, sp2, bug="sp-norm-wrong-shard"),
         Cell("llama", "DP2", True, dp2, bug="dp-mean-of-means", batch=2),
         Cell("llama", "DP2", True, dp2, bug="dp-grads-averaged", batch=2),
         Cell("llama", "DTensor hf TP2", False, hf, bug="dtensor-global-heads-reshape"),
@@ -118,6 +120,8 @@ def _cells() -> list[Cell]:
              gap="on the per-rank path the fused [q|k|v] bias gradient (a sum over blocked "
                  "per-rank concats) is not related yet; the one-program path proves it"),
         Cell("llama", "DP2 x2 micro-batches", True, micro, batch=4),
+        Cell("llama", "DP2 x2 micro-batches", True, micro, bug="dp-last-microbatch-unsynced",
+             batch=4),
         Cell("mixtral", "EP2", False, ep2, bug="ep-combine-weights-twice"),
         Cell("mixtral", "EP2", False, ep2, bug="ep-topk-local-experts"),
         Cell("mixtral", "EP2 all-to-all", False, a2a, bug="ep-wrong-split-sizes"),

@@ -23,4 +23,5 @@ def test_every_planted_bug_of_the_new_plans_has_a_cell():
             "dp-grads-averaged", "ce-target-mask-off-by-one", "ce-max-not-allreduced",
             "ce-sum-not-allreduced", "ce-loss-scaled-by-tp", "pp-stage-boundary-duplicated",
             "pp-loss-normalised-per-microbatch", "ce-sum-grad-allreduced",
-            "ep-a2a-token-grad-unreduced"} <= covered
+            "ep-a2a-token-grad-unreduced", "sp-reduce-scatter-as-allreduce", "sp-norm-wrong-shard",
+            "dp-last-microbatch-unsynced"} <= covered

@@ -58,8 +58,9 @@ class DataParallelStep:
     """One training step of a data-parallel rank: (loss, gradient of each parameter in `names`).
 
     `loss_of(model, inputs, tokens)` is a micro-batch's loss normalised by `tokens`;
-    `accumulate` adds a micro-batch's gradients (index k) to the running sum; `sync` sums them
-    over the group. The defaults are the correct step; planted bugs replace one of them.
+    `accumulate` adds a micro-batch's gradients (index k) to the running sum and, after the last
+    micro-batch, `sync`s them over the group (DDP's `no_sync` around the others). The defaults
+    are the correct step; planted bugs replace one of them.
     """
 
     names: tuple[str, ...]
@@ -73,7 +74,8 @@ class DataParallelStep:
         return ForCausalLMLoss(logits, labels, logits.shape[-1], num_items_in_batch=tokens)
 
     def accumulate(self, total: Grads | None, grads: Grads, index: int) -> Grads:
-        return grads if total is None else [t + g for t, g in zip(total, grads)]
+        summed = grads if total is None else [t + g for t, g in zip(total, grads)]
+        return [self.sync(g) for g in summed] if index == self.micro_batches - 1 else summed
 
     def sync(self, grad: torch.Tensor) -> torch.Tensor:
         return scatter_over_ranks(grad) if self.zero_stage == 2 else sum_over_ranks(grad)
@@ -89,7 +91,7 @@ class DataParallelStep:
             loss = self.loss_of(model, part, tokens)
             grads = self.accumulate(grads, list(torch.autograd.grad(loss, wanted)), index)
             loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
-        return (sum_over_ranks(loss_sum), *(self.sync(grad) for grad in grads))
+        return (sum_over_ranks(loss_sum), *grads)
 
 
 def grad_placements(names: list[str], zero_stage: int) -> list[Placement]:

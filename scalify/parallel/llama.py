@@ -222,7 +222,7 @@ class LlamaParts:
     mlp: type[nn.Module] = ParallelLlamaMLP
     kv_head_of_rank: Callable[[int, int, int], int] = kv_head_of_rank
     sequence_parallel: bool = False
-    final_norm: type[LlamaRMSNorm] | None = None  # default: as the layers' norms
+    final_norm: type[LlamaRMSNorm] | None = None  # under SP; default: as the layers' norms
     loss: type[VocabParallelCrossEntropy] = VocabParallelCrossEntropy  # on vocab-parallel logits
 
     def sequence_parallel_options(self) -> dict[str, bool]:
@@ -231,9 +231,9 @@ class LlamaParts:
 
     def norm(self, final: bool = False) -> type[LlamaRMSNorm]:
         """The RMSNorm class: on sequence shards (gradient all-reduced) under SP."""
-        if final and self.final_norm is not None:
-            return self.final_norm
-        return SequenceParallelRMSNorm if self.sequence_parallel else LlamaRMSNorm
+        if not self.sequence_parallel:
+            return LlamaRMSNorm
+        return self.final_norm if final and self.final_norm is not None else SequenceParallelRMSNorm
 
 
 def build_llama_rank(

@@ -15,7 +15,7 @@ from transformers.models.llama.modeling_llama import repeat_kv
 
 from scalify.errors import ConfigError
 from scalify.parallel.cross_entropy import VocabParallelCrossEntropy
-from scalify.parallel.data import DataParallelStep, sum_over_ranks
+from scalify.parallel.data import DataParallelStep, Grads, sum_over_ranks
 from scalify.parallel.gpt2 import GPT2Parts, ParallelGPT2Attention
 from scalify.parallel.layers import (
     SEQUENCE_DIM,
@@ -47,10 +47,19 @@ PLANTED_BUGS: dict[str, str] = {
                               "over sequence shards) is not all-reduced",
     "sp-gather-grad-not-reduced": "sequence-parallel llama: the backward of q_proj's sequence "
                                   "all-gather keeps its own chunk instead of reduce-scattering",
+    "sp-reduce-scatter-as-allreduce": "sequence-parallel llama: o_proj all-reduces its partial "
+                                      "output and keeps its own sequence chunk, so the backward "
+                                      "passes only that chunk's gradient instead of all-gathering",
+    "sp-norm-wrong-shard": "sequence-parallel llama: the final norm runs on the gathered "
+                           "sequence and each rank keeps the chunk starting at token `rank`, "
+                           "not at `rank` chunks",
     "dp-mean-of-means": "data parallel: each micro-batch's loss is its own token mean, averaged "
                         "over micro-batches and ranks (not weighted by tokens)",
     "dp-grads-averaged": "data parallel: gradients of a loss already normalised by the global "
                          "token count are divided by the number of ranks",
+    "dp-last-microbatch-unsynced": "data parallel: the gradients are all-reduced after the first "
+                                   "micro-batch (no_sync around the others), so the last "
+                                   "micro-batch's gradient stays local",
     "fused-plain-column-shard": "fused llama's shard function cuts [q; k; v] into equal row blocks, "
                                 "not per head group",
     "pp-stage-boundary-dropped": "pipeline: stage 1 starts one layer later, so the layer at the "
@@ -62,7 +71,7 @@ PLANTED_BUGS: dict[str, str] = {
 }
 PIPELINE_BUGS = ("pp-stage-boundary-dropped", "pp-stage-boundary-duplicated",
                          "pp-loss-normalised-per-microbatch")
-DATA_PARALLEL_BUGS = ("dp-mean-of-means", "dp-grads-averaged")
+DATA_PARALLEL_BUGS = ("dp-mean-of-means", "dp-grads-averaged", "dp-last-microbatch-unsynced")
 PLANTED_BUGS.update({
     "ce-target-mask-off-by-one": "vocab-parallel loss: a rank keeps target class `end`, which "
                                  "belongs to the next rank",
@@ -172,6 +181,26 @@ class SplitGradColumnLinear(ColumnParallelLinear):
         return F.linear(_GatherSequenceSplitGrad.apply(x), self.weight, self.bias)
 
 
+class AllReduceChunkRowLinear(RowParallelLinear):
+    """Leaves sequence parallelism by all-reducing and narrowing to this rank's chunk: the forward
+    equals the reduce-scatter, but the all-reduce's backward is the identity, not an all-gather."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.sequence_parallel:  # the bug lives in the sequence reduce-scatter
+            return super().forward(x)
+        output = own_chunk(all_reduce_sum(F.linear(x, self.weight)), SEQUENCE_DIM)  # planted: sp-reduce-scatter-as-allreduce
+        return output if self.bias is None else output + self.bias
+
+
+class WholeSequenceRMSNorm(SequenceParallelRMSNorm):
+    """Normalises the gathered sequence and keeps a chunk of it, starting at token `rank`."""
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        local = hidden_states.shape[SEQUENCE_DIM]
+        normed = super().forward(gather_sequence(hidden_states))
+        return normed.narrow(SEQUENCE_DIM, dist.get_rank(), local)  # planted: sp-norm-wrong-shard
+
+
 class OffByOneTargetLoss(VocabParallelCrossEntropy):
     def outside(self, target: torch.Tensor, start: int, end: int) -> torch.Tensor:
         return (target < start) | (target > end)  # planted: ce-target-mask-off-by-one
@@ -211,6 +240,8 @@ PLANTED_PARTS: dict[str, dict[str, LlamaParts | GPT2Parts]] = {
     "gqa-wrong-kv-head": {"llama": LlamaParts(kv_head_of_rank=kv_head_of_rank_modulo)},
     "sp-norm-grad-unreduced": {"llama": LlamaParts(final_norm=UnreducedGradRMSNorm)},
     "sp-gather-grad-not-reduced": {"llama": LlamaParts(q_proj=SplitGradColumnLinear)},
+    "sp-reduce-scatter-as-allreduce": {"llama": LlamaParts(o_proj=AllReduceChunkRowLinear)},
+    "sp-norm-wrong-shard": {"llama": LlamaParts(final_norm=WholeSequenceRMSNorm)},
     "ce-target-mask-off-by-one": {"llama": LlamaParts(loss=OffByOneTargetLoss)},
     "ce-max-not-allreduced": {"llama": LlamaParts(loss=LocalMaxLoss)},
     "ce-sum-not-allreduced": {"llama": LlamaParts(loss=LocalSumLoss)},
@@ -233,8 +264,19 @@ class AveragedGradsStep(DataParallelStep):
         return sum_over_ranks(grad) / dist.get_world_size()  # planted: dp-grads-averaged
 
 
+class FirstMicroBatchSyncedStep(DataParallelStep):
+    """DDP's `no_sync` wrapped around every micro-batch but the first: the first one's backward
+    all-reduces, the later gradients are added locally."""
+
+    def accumulate(self, total: Grads | None, grads: Grads, index: int) -> Grads:
+        if total is None:
+            return [self.sync(g) for g in grads]
+        return [t + g for t, g in zip(total, grads)]  # planted: dp-last-microbatch-unsynced
+
+
 _DATA_PARALLEL_STEPS = {None: DataParallelStep, "dp-mean-of-means": MeanOfMeansStep,
-                        "dp-grads-averaged": AveragedGradsStep}
+                        "dp-grads-averaged": AveragedGradsStep,
+                        "dp-last-microbatch-unsynced": FirstMicroBatchSyncedStep}
 
 
 def data_parallel_step(planted_bug: str | None, names: tuple[str, ...], micro_batches: int,

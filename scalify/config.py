@@ -50,7 +50,8 @@ class PlanSpec:
     ranks (mixtral, megatron style), tokens dispatched by `expert_dispatch`: "all_reduce" (each
     rank's experts on every token, partial outputs summed) or "all_to_all".
     `context_parallel` shards the sequence over that many ranks (llama, megatron style): each
-    rank's attention merges the ranks' key blocks by log-sum-exp.
+    rank's attention merges the ranks' key blocks by log-sum-exp; `context_load_balance` cuts
+    the sequence into twice as many chunks and gives rank r chunks r and 2N-1-r (causal balance).
     """
 
     style: str = "megatron"
@@ -68,6 +69,7 @@ class PlanSpec:
     expert_parallel: int = 1
     expert_dispatch: str = "all_reduce"
     context_parallel: int = 1
+    context_load_balance: bool = False
 
 
 @dataclass(frozen=True)
@@ -394,6 +396,9 @@ def _check_pipeline(plan: PlanSpec, model: ModelSpec, fields: Located, where: _W
 def _check_context(plan: PlanSpec, model: ModelSpec, fields: Located) -> None:
     """Context parallelism runs alone (no TP, DP, PP or EP), megatron style, on llama."""
     if plan.context_parallel == 1:
+        if plan.context_load_balance:
+            raise fields["context_load_balance"][1].error(
+                "load balancing needs context parallelism: set plan.context_parallel > 1")
         return
     field = fields["context_parallel"][1]
     if plan.tensor_parallel * plan.data_parallel * plan.pipeline_parallel * plan.expert_parallel > 1:
@@ -496,6 +501,7 @@ _SCHEMAS: dict[type, dict[str, Checker]] = {
         "expert_parallel": _positive_int,
         "expert_dispatch": _choice(*EXPERT_DISPATCHES),
         "context_parallel": _positive_int,
+        "context_load_balance": _boolean,
     },
     HardwareSpec: {"name": _text, "target": _choice(*HARDWARE_TARGETS), "devices": _positive_int,
                    "cores_per_node": _positive_int},

@@ -86,6 +86,7 @@ def _cells() -> list[Cell]:
     cp2 = (("context_parallel", 2),)
     fused2 = (("tensor_parallel", 2), ("fused", True))
     kv2 = (("num_key_value_heads", 2),)  # one [q, k, v] group per rank
+    cp2_balanced = (("context_parallel", 2), ("context_load_balance", True))
     return [
         Cell("llama", "TP2", False, tp2),
         Cell("gpt2", "TP2", False, tp2),
@@ -142,6 +143,8 @@ def _cells() -> list[Cell]:
         Cell("llama", "TP2 fused, 2 kv heads", True, fused2, model_fields=kv2),
         Cell("llama", "TP2 fused, 2 kv heads", True, fused2, model_fields=kv2,
              bug="fused-plain-column-shard"),
+        Cell("llama", "CP2 load-balanced", False, cp2_balanced),
+        Cell("llama", "CP2 load-balanced", False, cp2_balanced, bug="cp-mask-local-positions"),
     ]
 
 

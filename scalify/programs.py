@@ -158,7 +158,7 @@ def _context_parallel(experiment: Experiment, hf_config, reference_step: Step,
         raise ConfigError("verify.backward and verify.loss are not supported for context-parallel "
                           "plans yet: verify the forward (the logits)")
     plan = experiment.plan
-    layout = SequenceLayout(plan.context_parallel, experiment.inputs.seq)
+    layout = SequenceLayout(plan.context_parallel, experiment.inputs.seq, plan.context_load_balance)
     parts = context_parts(plan.planted_bug)
 
     def rank_model(rank: int) -> nn.Module:
@@ -167,7 +167,7 @@ def _context_parallel(experiment: Experiment, hf_config, reference_step: Step,
             parts)
 
     return Programs(reference_step, rank_model, inputs, {}, [Replicate()],
-                    input_placements={"input_ids": Shard(SEQUENCE_DIM)}, fused_ops=3)
+                    input_placements={"input_ids": layout.placement(SEQUENCE_DIM)}, fused_ops=3)
 
 
 def _expert_parallel(experiment: Experiment, hf_config, reference_step: Step,

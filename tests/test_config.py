@@ -197,8 +197,8 @@ X = "configs/experiments/x.yaml"
         ),
         (
             MINIMAL + "overrides: {plan.tp: 2}\n",
-            f"{X}: overrides.plan.tp: unknown key (expected one of: context_parallel, "
-            "data_parallel, dtensor_plan, "
+            f"{X}: overrides.plan.tp: unknown key (expected one of: context_load_balance, "
+            "context_parallel, data_parallel, dtensor_plan, "
             "expert_dispatch, expert_parallel, fused, logits, micro_batches, pipeline_parallel, "
             "planted_bug, sequence_parallel, shard_fn, style, tensor_parallel, zero_stage)",
         ),

@@ -5,7 +5,6 @@ The line that does the wrong thing carries `# planted: <name>`; a verifier shoul
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from scalify.errors import ConfigError
 from scalify.parallel.context import ContextParts, Partial, SequenceLayout
@@ -19,9 +18,9 @@ def _softmax_step_without_merge(result: Partial | None, scores: torch.Tensor,
 
 
 def _mask_from_local_positions(scores: torch.Tensor, rows: torch.Tensor, layout: SequenceLayout,
-                               source: int) -> torch.Tensor:
-    """Every key block masked as if its keys sat at this rank's own positions."""
-    return scores + layout.own(rows, 3, dist.get_rank())  # planted: cp-mask-local-positions
+                               query_chunk: int, key_chunk: int) -> torch.Tensor:
+    """Every key chunk masked as if its keys sat at the query chunk's own positions."""
+    return scores + layout.piece(rows, 3, query_chunk)  # planted: cp-mask-local-positions
 
 
 CONTEXT_PLANTED = {

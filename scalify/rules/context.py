@@ -47,6 +47,27 @@ def _table(gen, choice):
             **choice}
 
 
+def _operand_and_concat(gen, choice):
+    """A tensor x [2, 6, 5] and parts of [2, 6, 5] cut along dim 1 after 2."""
+    return {"x": tensor(gen, 2, 6, 5), **concat_parts(gen, (2, 6, 5), 1, 2), **choice}
+
+
+def _contraction(gen, choice):
+    """Weights [2, 3, 6] cut along keys (dim 2) after 2, and values y [2, 6, 5]."""
+    return {**concat_parts(gen, (2, 3, 6), 2, 2), "y": tensor(gen, 2, 6, 5), "r": 3, **choice}
+
+
+def _squeezed_parts(squeezed: int):
+    """Parts of a [6, 5] tensor with a size-1 dim inserted at `squeezed`, cut along the other
+    dims' first after 2 (`c`: its index once squeezed)."""
+    shape = (1, 6, 5) if squeezed == 0 else (6, 1, 5)
+    cut = 1 if squeezed == 0 else 0
+
+    def example(gen, choice):
+        return {**concat_parts(gen, shape, cut, 2), "k": squeezed, "c": 0, **choice}
+    return example
+
+
 def _sliced_broadcast(gen, choice):
     return {"x": tensor(gen, 2, 6, 5), "z": tensor(gen, 2, 1, 5), "d": 1, "s": 1, "e": 4, "n": 3,
             "m": 6, **choice}
@@ -110,6 +131,25 @@ def rules() -> list[Rule]:
              "(concat (binary f (expand (slice y d 0 na) k n) a) "
              "(binary f (expand (slice y d na (+ na nb)) k n) b) d na nb)",
              _table, when=("(!= d k)",), families={"f": BINARY_KEYS}),
+        # A position-wise op on a tensor and a concatenation (a rank's table built from the
+        # chunks it holds): on the tensor's slices at the concatenation's cut.
+        Rule("binary-over-operand-and-concat", "(binary f x (concat a b d na nb))",
+             "(concat (binary f (slice x d 0 na) a) (binary f (slice x d na (+ na nb)) b) d na nb)",
+             _operand_and_concat, families={"f": BINARY_KEYS}),
+        Rule("binary-over-concat-and-operand", "(binary f (concat a b d na nb) x)",
+             "(concat (binary f a (slice x d 0 na)) (binary f b (slice x d na (+ na nb))) d na nb)",
+             _operand_and_concat, families={"f": BINARY_KEYS}),
+        # Attention weights cut along the keys (a rank's key chunks) against values cut
+        # elsewhere (the chunks ranks hold): the product as a sum over the weights' cut.
+        Rule("matmul-contraction-at-left-cut", "(matmul (concat a b d na nb) y r)",
+             "(psum (matmul a (slice y (- r 2) 0 na) r) (matmul b (slice y (- r 2) na (+ na nb)) r))",
+             _contraction, when=("(= d (- r 1))",)),
+        # Squeezed chunks side by side as one squeeze (the form `attention-unnormalised` reads:
+        # the reference's values related chunk by chunk).
+        Rule("squeezes-concat-before", "(concat (squeeze a k) (squeeze b k) c na nb)",
+             "(squeeze (concat a b c na nb) k)", _squeezed_parts(1), when=("(< c k)",)),
+        Rule("squeezes-concat-after", "(concat (squeeze a k) (squeeze b k) c na nb)",
+             "(squeeze (concat a b (+ c 1) na nb) k)", _squeezed_parts(0), when=("(>= c k)",)),
         Rule("binary-slice-and-broadcast", "(binary f (slice x d s e) (expand z d n))",
              "(slice (binary f x (expand z d m)) d s e)", _sliced_broadcast,
              when=("(= m (dimsize x d))",), families={"f": BINARY_KEYS}),

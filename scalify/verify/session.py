@@ -4,16 +4,18 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from egglog import bindings
 
 from ..rules import context, prelude
-from ..rules.terms import SIZE_CONFLICT
+from ..rules.terms import SIZE_CONFLICT, is_relational, parse
 from .store import MemoStore
 
 _LEAF = re.compile(r'\(dist "([^"]+)"\)')
 _SAME = re.compile(r'\(same "([^"]+)" "([^"]+)"\)')
 _SLICED = re.compile(r'\(union \(dist "([^"]+)"\) \(slice ')
+SEARCH_BOUND = 300_000  # e-nodes past which a settling window stops searching
 _PARTIAL_REPLICA = re.compile(r'^\(union .*(\(dist "[^"]+"\)).* \1\)$', re.M)
 
 
@@ -81,8 +83,12 @@ class EgglogSession:
                  context_parallel: bool = False, limits: WindowLimits = WindowLimits()) -> None:
         """`rank_families` runs the rank-family rules (for symmetric programs) instead of the
         per-rank ones; `context_parallel` also the rules of sequence chunks and blockwise
-        attention. A window past `limits` raises WindowLimitExceeded."""
+        attention, and then a window settles one iteration after `$y` first extracts to a
+        relation (those rules regroup sums of blocks without end: the e-graph grows about
+        tenfold per iteration past that point). A window past `limits` raises
+        WindowLimitExceeded."""
         self.iterations = iterations
+        self.settle = context_parallel
         self.limits = limits
         self.rulesets = ["lemmas", "ranks"] if rank_families else ["lemmas", "per_rank"]
         if context_parallel:
@@ -131,25 +137,32 @@ class EgglogSession:
 
     def holds(self, program: str, equalities: list[str]) -> bool:
         """Whether `$y` equals every term in `equalities` after saturating `program`."""
-        checks = "\n".join(f"(check (= $y {term}))" for term in equalities)
         egraph = self._egraph
-        egraph.run_program(*egraph.parse_program("(push)"))
-        try:
-            egraph.run_program(*egraph.parse_program(_batched(program)))
-            self._saturate(egraph)
+        checks = egraph.parse_program("\n".join(f"(check (= $y {term}))" for term in equalities))
+
+        def checked() -> bool:
             try:
-                egraph.run_program(*egraph.parse_program(checks))
+                egraph.run_program(*checks)
             except Exception:  # egglog reports a failed check as an error
                 return False
             return True
+
+        egraph.run_program(*egraph.parse_program("(push)"))
+        try:
+            egraph.run_program(*egraph.parse_program(_batched(program)))
+            self._saturate(egraph, checked if self.settle else None)
+            return checked()
         finally:
             self._pop()
 
-    def _saturate(self, egraph: bindings.EGraph) -> list:
-        """Run the rulesets up to `iterations` times (stopping at a fixpoint) within `limits`."""
+    def _saturate(self, egraph: bindings.EGraph, settled: Callable[[], bool] | None = None) -> list:
+        """Run the rulesets up to `iterations` times (stopping at a fixpoint) within `limits`;
+        once `settled()` holds after an iteration, run one more and stop, and stop when the
+        e-graph passes SEARCH_BOUND without it (nothing is concluded from that but what the
+        e-graph shows: an unrelated op stays unrelated)."""
         runs = " ".join(f"(run {name})" for name in self.rulesets)
         step = egraph.parse_program(f"(run-schedule (seq {runs}))\n(print-size)")
-        start, outputs = time.perf_counter(), []
+        start, outputs, settling = time.perf_counter(), [], False
         for _ in range(self.iterations):
             *ran, size = egraph.run_program(*step)
             outputs += [*ran, size]
@@ -158,9 +171,12 @@ class EgglogSession:
                 raise WindowLimitExceeded(f"its e-graph grew past {self.limits.nodes} e-nodes")
             if time.perf_counter() - start > self.limits.seconds:
                 raise WindowLimitExceeded(f"saturating it took over {self.limits.seconds:g} s")
-            if not any(out.report.updated for out in ran
-                       if isinstance(out, bindings.RunScheduleOutput)):
+            if settling or not any(out.report.updated for out in ran
+                                   if isinstance(out, bindings.RunScheduleOutput)):
                 break
+            if settled is not None and nodes > SEARCH_BOUND:
+                break  # what it found by now is the answer: a window that grows so is not settling
+            settling = settled is not None and settled()
         self._refuse_conflicts(egraph)
         return outputs
 
@@ -176,7 +192,9 @@ class EgglogSession:
         egraph.run_program(*egraph.parse_program("(push)"))
         try:
             egraph.run_program(*egraph.parse_program(_batched(program)))
-            outputs = self._saturate(egraph)
+            extract = egraph.parse_program("(extract $y)")
+            outputs = self._saturate(egraph, (lambda: is_relational(parse(str(
+                egraph.run_program(*extract)[-1])))) if self.settle else None)
             outputs += egraph.run_program(*egraph.parse_program("(print-size)\n(extract $y)"))
             self._measure(outputs)
             term = str(outputs[-1]).strip()

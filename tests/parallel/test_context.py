@@ -6,6 +6,7 @@ import torch
 
 import scalify
 from scalify.errors import ConfigError, ShapeError
+from scalify.matrix import planted_line
 from scalify.models import PRESETS, build_reference, make_hf_config
 from scalify.parallel.context import SequenceLayout, context_parallel_rank, online_softmax_step
 from scalify.parallel.context_planted import context_parts
@@ -18,6 +19,20 @@ def test_layout_gives_each_rank_its_chunk_and_visits_its_own_block_first():
     assert layout.ring_order(1) == [1, 0, 3, 2]
     with pytest.raises(ShapeError, match="inputs.seq"):
         SequenceLayout(world=3, seq=8)
+
+
+def test_balanced_layout_gives_each_rank_a_chunk_from_each_end():
+    layout = SequenceLayout(world=2, seq=8, balanced=True)
+    full = torch.arange(8).reshape(1, 8)
+    assert [layout.chunks_of(rank) for rank in (0, 1)] == [[0, 3], [1, 2]]
+    assert layout.own(full, 1, 0).tolist() == [[0, 1, 6, 7]]
+    gathered = torch.cat([layout.own(full, 1, rank) for rank in (0, 1)], 1)
+    assert layout.in_sequence_order(gathered, 1).tolist() == full.tolist()
+    placement = layout.placement(1)
+    assert sorted((p.ref_start, p.rank, p.local_start) for p in placement.pieces) == [
+        (0, 0, 0), (2, 1, 0), (4, 1, 2), (6, 0, 2)]
+    with pytest.raises(ShapeError, match="4 equal chunks"):
+        SequenceLayout(world=2, seq=6, balanced=True)
 
 
 @pytest.mark.parametrize("order", [[0, 1, 2], [2, 0, 1]])
@@ -55,8 +70,21 @@ def _experiment(**plan) -> dict:
             "inputs": {"batch": 1, "seq": 8}}
 
 
+@pytest.mark.parametrize("bug", [None, "cp-local-softmax-no-merge"])
+def test_load_balanced_context_parallelism_verifies_and_catches_an_unmerged_softmax(bug):
+    report = scalify.verify({**_experiment(context_load_balance=True, planted_bug=bug),
+                             "overrides": {"model.num_hidden_layers": 1}}, numeric=True)
+    assert report.numeric["agrees"] is (bug is None)
+    if bug is None:
+        assert report.verdict == "verified"
+    else:
+        assert report.verdict == "discrepancy"
+        assert planted_line(bug) in report.discrepancies[0].lines()
+
+
 @pytest.mark.parametrize("experiment, message", [
     (_experiment(tensor_parallel=2), "combined with tensor"),
+    (_experiment(context_parallel=1, context_load_balance=True), "needs context parallelism"),
     ({**_experiment(), "model": "gpt2-tiny"}, "megatron-style llama"),
     ({**_experiment(), "verify": {"backward": True}}, "not supported for context-parallel"),
 ])

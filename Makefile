@@ -16,8 +16,11 @@ demo: venv
 	mkdir -p reports
 	$(VENV)/bin/scalify verify configs/experiments/demo.yaml --json reports/demo.json --html reports/demo.html
 
+# Two test processes (the CI machine's cores); tests that start a Ray cluster share one of them.
+TEST_WORKERS ?= 2
+
 test: venv
-	$(VENV)/bin/python -m pytest
+	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 # Every parallelism x forward/backward cell, verified or caught, printed as a table.
 matrix: venv

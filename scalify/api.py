@@ -16,7 +16,7 @@ from .capture.hlo_relations import (infer_output_placements, infer_placements as
 from .capture.hlo_text import HloModule, parse_module
 from .capture.jax_dump import JaxDump, dump_jax
 from .capture.ranks import capture_ranks
-from .capture.shard_fn import ShardFn, infer_placements
+from .capture.shard_fn import ShardFn, stated_placements
 from .capture.tracer import capture
 from .config import Experiment, load_experiment
 from .engine import Executor, InlineExecutor, VerifyJob, executor_for
@@ -57,8 +57,7 @@ def verify_modules(reference: nn.Module, rank_module_factory: Callable[[int], nn
     `capture_workers > 1` captures ranks in forked processes as well as this one; `executor`
     (default: inline) proves the segments. With `grad`, both are captured with autograd on, so
     modules that return gradients (see `scalify.steps.training_step`) have their backward
-    pass verified too.
-    (default: inline) proves the segments. `shard_fn(reference_state, rank, world_size) ->
+    pass verified too. `shard_fn(reference_state, rank, world_size) ->
     rank_state`, a checkpoint sharding function, states the parameters' placements instead
     (read by `infer_placements`; `param_placements` still override it).
     """
@@ -76,17 +75,6 @@ def verify_modules(reference: nn.Module, rank_module_factory: Callable[[int], nn
     return verify_graphs(ref_graph, rank_graphs, placements, outputs, numeric=numeric, name=name,
                          progress=progress, options=options, executor=executor, timings=timings,
                          started=start)
-
-
-def stated_placements(reference: nn.Module, world_size: int,
-                      param_placements: dict[str, Placement] | None,
-                      shard_fn: ShardFn | None) -> dict[str, Placement]:
-    """The parameters' placements: `param_placements` over those `shard_fn` implies."""
-    if shard_fn is None:
-        return dict(param_placements or {})
-    state = {**dict(reference.named_parameters(remove_duplicate=False)),
-             **dict(reference.named_buffers())}
-    return {**infer_placements(shard_fn, state, world_size), **(param_placements or {})}
 
 
 def capture_modules(reference: nn.Module, rank_module_factory: Callable[[int], nn.Module],
@@ -174,7 +162,8 @@ def verify(config: str | os.PathLike | dict | Experiment, *, numeric: bool | Non
 
 
 def _limits(experiment: Experiment) -> WindowLimits:
-    return WindowLimits(experiment.verify.window_nodes, experiment.verify.window_seconds)
+    options = experiment.verify
+    return WindowLimits(options.window_nodes, options.window_seconds, options.window_search_nodes)
 
 
 def experiment_options(experiment: Experiment, fused_ops: int = 0) -> VerifyOptions:

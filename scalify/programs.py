@@ -8,6 +8,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from .capture.shard_fn import stated_placements
 from .config import Experiment
 from .errors import ConfigError
 from .placements import Custom, Placement, Replicate, Shard, Stage
@@ -101,8 +102,6 @@ def _tensor_parallel(experiment: Experiment, hf_config, reference_step: Step,
     if plan.fused:
         _check_fused_backward(hf_config, world)
     if shard_fn is not None:  # the gradients are laid out as the parameters the function gives
-        from .api import stated_placements
-
         placements = stated_placements(reference_step, world, None, shard_fn)
     step = training_step(rank_loss, names, finalize_grads, _holders(placements, names))
     # A fused projection's input gradient is one matmul on the ranks, the sum of one per

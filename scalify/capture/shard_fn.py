@@ -204,6 +204,17 @@ def infer_placements(shard_fn: ShardFn, reference_state: dict[str, torch.Tensor]
             for name, shape in zip(indexed.names, indexed.shapes)}
 
 
+def stated_placements(reference: torch.nn.Module, world_size: int,
+                      param_placements: dict[str, Placement] | None,
+                      shard_fn: ShardFn | None) -> dict[str, Placement]:
+    """The parameters' placements: `param_placements` over those `shard_fn` implies."""
+    if shard_fn is None:
+        return dict(param_placements or {})
+    state = {**dict(reference.named_parameters(remove_duplicate=False)),
+             **dict(reference.named_buffers())}
+    return {**infer_placements(shard_fn, state, world_size), **(param_placements or {})}
+
+
 def _defined_at(shard_fn: Callable) -> str:
     """`file:line` of the function (through functools.partial)."""
     function = inspect.unwrap(getattr(shard_fn, "func", shard_fn))

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ..api import capture_modules, experiment_options, stated_placements
+from ..api import capture_modules, experiment_options
+from ..capture.shard_fn import stated_placements
 from ..config import Experiment, load_experiment
 from ..ir.graph import Graph
 from ..placements import Placement, Replicate

@@ -15,7 +15,6 @@ from .store import MemoStore
 _LEAF = re.compile(r'\(dist "([^"]+)"\)')
 _SAME = re.compile(r'\(same "([^"]+)" "([^"]+)"\)')
 _SLICED = re.compile(r'\(union \(dist "([^"]+)"\) \(slice ')
-SEARCH_BOUND = 300_000  # e-nodes past which a settling window stops searching
 _PARTIAL_REPLICA = re.compile(r'^\(union .*(\(dist "[^"]+"\)).* \1\)$', re.M)
 
 
@@ -69,10 +68,12 @@ class ShapeConflict(NoAnswer):
 
 @dataclass(frozen=True)
 class WindowLimits:
-    """What one window's saturation may use: e-nodes (the prelude's included) and seconds."""
+    """What one window's saturation may use: e-nodes (the prelude's included) and seconds, and
+    for a settling window the e-nodes past which it stops searching (and keeps what it found)."""
 
     nodes: int = 5_000_000
     seconds: float = 600.0
+    search_nodes: int = 300_000
 
 
 class EgglogSession:
@@ -158,7 +159,7 @@ class EgglogSession:
     def _saturate(self, egraph: bindings.EGraph, settled: Callable[[], bool] | None = None) -> list:
         """Run the rulesets up to `iterations` times (stopping at a fixpoint) within `limits`;
         once `settled()` holds after an iteration, run one more and stop, and stop when the
-        e-graph passes SEARCH_BOUND without it (nothing is concluded from that but what the
+        e-graph passes `limits.search_nodes` without it (nothing is concluded from that but what the
         e-graph shows: an unrelated op stays unrelated)."""
         runs = " ".join(f"(run {name})" for name in self.rulesets)
         step = egraph.parse_program(f"(run-schedule (seq {runs}))\n(print-size)")
@@ -174,7 +175,7 @@ class EgglogSession:
             if settling or not any(out.report.updated for out in ran
                                    if isinstance(out, bindings.RunScheduleOutput)):
                 break
-            if settled is not None and nodes > SEARCH_BOUND:
+            if settled is not None and nodes > self.limits.search_nodes:
                 break  # what it found by now is the answer: a window that grows so is not settling
             settling = settled is not None and settled()
         self._refuse_conflicts(egraph)

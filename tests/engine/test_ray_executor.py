@@ -14,6 +14,9 @@ from scalify.sweep import run_sweep
 from ..verify.helpers import experiment
 from .helpers import Recording
 
+# A Ray cluster per test module: under `pytest -n` these run on one worker, one at a time.
+pytestmark = pytest.mark.xdist_group("ray")
+
 
 @pytest.fixture(scope="module")
 def local_ray():

@@ -12,6 +12,9 @@ from scalify.engine.ray_executor import RayExecutor
 from ..verify.helpers import experiment
 from .helpers import Recording
 
+# A Ray cluster per test module: under `pytest -n` these run on one worker, one at a time.
+pytestmark = pytest.mark.xdist_group("ray")
+
 
 @pytest.fixture(scope="module")
 def executor():

@@ -16,6 +16,9 @@ from pathlib import Path
 import mlflow
 import pytest
 
+# A Ray cluster per test module: under `pytest -n` these run on one worker, one at a time.
+pytestmark = pytest.mark.xdist_group("ray")
+
 REPO = Path(__file__).resolve().parents[2]
 RAY = str(Path(sys.executable).parent / "ray")
 UPLOAD_EXCLUDES = [".venv", ".git", ".pytest_cache", "reports", "mlruns", "mlruns.db",

@@ -9,6 +9,9 @@ from scalify.recovery.server import ParameterServer, Restart
 from scalify.recovery.strategies import strategies
 from scalify.recovery.workloads import LogisticRegression
 
+# A Ray cluster per test module: under `pytest -n` these run on one worker, one at a time.
+pytestmark = pytest.mark.xdist_group("ray")
+
 TARGET, LIMIT = 30, 60
 FAILURE = Failure(13, lost_shard=2)
 

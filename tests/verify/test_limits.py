@@ -3,6 +3,7 @@ no answer, and the run's verdict is "unknown" with the reasons, never "verified"
 import pytest
 
 import scalify
+from scalify.api import _limits
 from scalify.cli import exit_code
 from scalify.config import load_experiment
 from scalify.errors import ConfigError
@@ -55,9 +56,15 @@ def test_a_window_that_unites_tensors_of_two_sizes_gives_no_answer():
     assert session.holds(agreeing, ['(binary "add" (dist "b") (dist "b"))'])  # still usable
 
 
-@pytest.mark.parametrize("field", ["window_nodes", "window_seconds"])
+@pytest.mark.parametrize("field", ["window_nodes", "window_seconds", "window_search_nodes"])
 def test_limits_must_be_positive(field):
     config = experiment("llama-tiny", "llama", 2)
     config["verify"][field] = 0
     with pytest.raises(ConfigError, match=f"verify.{field}"):
         load_experiment(config)
+
+
+def test_the_limits_are_read_from_the_config():
+    config = experiment("llama-tiny", "llama", 2)
+    config["verify"].update(window_nodes=9, window_seconds=8, window_search_nodes=7)
+    assert _limits(load_experiment(config)) == WindowLimits(nodes=9, seconds=8, search_nodes=7)

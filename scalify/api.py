@@ -163,7 +163,8 @@ def verify(config: str | os.PathLike | dict | Experiment, *, numeric: bool | Non
 
 def _limits(experiment: Experiment) -> WindowLimits:
     options = experiment.verify
-    return WindowLimits(options.window_nodes, options.window_seconds, options.window_search_nodes)
+    return WindowLimits(options.window_nodes, options.window_seconds, options.window_search_nodes,
+                        options.window_settle_nodes)
 
 
 def experiment_options(experiment: Experiment, fused_ops: int = 0) -> VerifyOptions:

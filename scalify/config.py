@@ -120,8 +120,9 @@ class VerifyOptions:
     shared by runs), e-graph window depth; `backward` verifies one training step (the loss and
     every parameter's gradient) instead of the forward logits; `loss` verifies the forward up to
     the loss (no gradients). A window past `window_nodes` e-nodes or `window_seconds` gives no
-    answer, and the verdict is "unknown" rather than a guess; a context-parallel window stops
-    searching past `window_search_nodes` e-nodes and keeps what it related by then."""
+    answer, and the verdict is "unknown" rather than a guess; past `window_settle_nodes` e-nodes
+    a window stops once it relates the op, and a context-parallel window stops searching past
+    `window_search_nodes` e-nodes and keeps what it related by then."""
 
     backward: bool = False
     loss: bool = False
@@ -133,6 +134,7 @@ class VerifyOptions:
     window_nodes: int = 5_000_000
     window_seconds: int = 600
     window_search_nodes: int = 300_000
+    window_settle_nodes: int = 20_000
 
 
 @dataclass(frozen=True)
@@ -511,7 +513,7 @@ _SCHEMAS: dict[type, dict[str, Checker]] = {
     VerifyOptions: {"backward": _boolean, "loss": _boolean, "numeric": _boolean, "memo": _boolean, "memo_store": _optional_text,
                     "window_depth": _positive_int, "rank_symmetry": _boolean,
                     "window_nodes": _positive_int, "window_seconds": _positive_int,
-                    "window_search_nodes": _positive_int},
+                    "window_search_nodes": _positive_int, "window_settle_nodes": _positive_int},
     TrackingSpec: {"enabled": _boolean, "uri": _text, "experiment": _text},
     EngineSpec: {"kind": _choice(*ENGINE_KINDS), "address": _optional_text, "actors": _positive_int,
                  "checkpoint": _optional_text},

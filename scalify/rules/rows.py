@@ -54,11 +54,20 @@ def _grads(gen, choice):
             "t2": torch.randint(0, 5, (2, 3), generator=gen), "d": 0, "na": 1, "nb": 2, "v": 5}
 
 
+def _regrouped(gen, choice):
+    a, b, c = (tensor(gen, *SHAPE) for _ in range(3))
+    return {"a": a, "b": b, "c": c, "s": a + b}
+
+
 def rules() -> list[Rule]:
     return [
         # A rank adding up its micro-batches' partial results (e.g. token counts).
         Rule("sum-of-two-parts", "(psum a b)", '(binary "add" a b)',
              lambda gen, c: {"a": tensor(gen, *SHAPE), "b": tensor(gen, *SHAPE)}),
+        # The same where a sum over every rank's micro-batches lists one rank's parts first:
+        # regrouped only where the rank adds them up itself (full associativity grows without end).
+        Rule("sum-regroups-a-ranks-parts", "(psum a (psum b c))", "(psum s c)", _regrouped,
+             when=('(= s (binary "add" a b))',)),
         Rule("compare-over-concat", "(cmp_int f (concat a b d na nb) v)",
              "(concat (cmp_int f a v) (cmp_int f b v) d na nb)", _compare,
              families={"f": COMPARISONS}),

@@ -68,12 +68,15 @@ class ShapeConflict(NoAnswer):
 
 @dataclass(frozen=True)
 class WindowLimits:
-    """What one window's saturation may use: e-nodes (the prelude's included) and seconds, and
-    for a settling window the e-nodes past which it stops searching (and keeps what it found)."""
+    """What one window's saturation may use: e-nodes (the prelude's included) and seconds.
+    Past `settle_nodes` e-nodes a window stops as soon as it has its answer (a window that grows
+    so regroups sums of blocks without end); a settling window stops searching past
+    `search_nodes` e-nodes and keeps what it found."""
 
     nodes: int = 5_000_000
     seconds: float = 600.0
     search_nodes: int = 300_000
+    settle_nodes: int = 20_000
 
 
 class EgglogSession:
@@ -151,16 +154,17 @@ class EgglogSession:
         egraph.run_program(*egraph.parse_program("(push)"))
         try:
             egraph.run_program(*egraph.parse_program(_batched(program)))
-            self._saturate(egraph, checked if self.settle else None)
+            self._saturate(egraph, checked)
             return checked()
         finally:
             self._pop()
 
-    def _saturate(self, egraph: bindings.EGraph, settled: Callable[[], bool] | None = None) -> list:
+    def _saturate(self, egraph: bindings.EGraph, settled: Callable[[], bool]) -> list:
         """Run the rulesets up to `iterations` times (stopping at a fixpoint) within `limits`;
-        once `settled()` holds after an iteration, run one more and stop, and stop when the
-        e-graph passes `limits.search_nodes` without it (nothing is concluded from that but what the
-        e-graph shows: an unrelated op stays unrelated)."""
+        stop once `settled()` (the window has its answer) holds past `limits.settle_nodes`
+        e-nodes. A settling session's window runs one more iteration once `settled()` holds and
+        stops, and stops past `limits.search_nodes` e-nodes without it (nothing is concluded
+        from that but what the e-graph shows: an unrelated op stays unrelated)."""
         runs = " ".join(f"(run {name})" for name in self.rulesets)
         step = egraph.parse_program(f"(run-schedule (seq {runs}))\n(print-size)")
         start, outputs, settling = time.perf_counter(), [], False
@@ -168,16 +172,17 @@ class EgglogSession:
             *ran, size = egraph.run_program(*step)
             outputs += [*ran, size]
             nodes = sum(count for _, count in size.sizes)
+            if settling or (nodes > self.limits.settle_nodes and settled()):
+                break
             if nodes > self.limits.nodes:
                 raise WindowLimitExceeded(f"its e-graph grew past {self.limits.nodes} e-nodes")
             if time.perf_counter() - start > self.limits.seconds:
                 raise WindowLimitExceeded(f"saturating it took over {self.limits.seconds:g} s")
-            if settling or not any(out.report.updated for out in ran
-                                   if isinstance(out, bindings.RunScheduleOutput)):
+            if not any(out.report.updated for out in ran if isinstance(out, bindings.RunScheduleOutput)):
                 break
-            if settled is not None and nodes > self.limits.search_nodes:
+            if self.settle and nodes > self.limits.search_nodes:
                 break  # what it found by now is the answer: a window that grows so is not settling
-            settling = settled is not None and settled()
+            settling = self.settle and settled()
         self._refuse_conflicts(egraph)
         return outputs
 
@@ -194,8 +199,8 @@ class EgglogSession:
         try:
             egraph.run_program(*egraph.parse_program(_batched(program)))
             extract = egraph.parse_program("(extract $y)")
-            outputs = self._saturate(egraph, (lambda: is_relational(parse(str(
-                egraph.run_program(*extract)[-1])))) if self.settle else None)
+            outputs = self._saturate(egraph, lambda: is_relational(parse(str(
+                egraph.run_program(*extract)[-1]))))
             outputs += egraph.run_program(*egraph.parse_program("(print-size)\n(extract $y)"))
             self._measure(outputs)
             term = str(outputs[-1]).strip()

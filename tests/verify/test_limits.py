@@ -41,6 +41,17 @@ def test_a_window_past_its_time_limit_gives_no_answer():
         session.saturate('(let $y (binary "add" (dist "a") (dist "b")))')
 
 
+_RELATED_AT_ONCE = ('(let $y (binary "add" (dist "a") (dist "b")))\n'
+                    '(union (dist "c") (binary "add" (dist "a") (dist "b")))')
+
+
+def test_a_grown_window_stops_with_the_relation_it_has_found():
+    with pytest.raises(WindowLimitExceeded):  # the prelude alone is past 10 e-nodes
+        EgglogSession(limits=WindowLimits(nodes=10)).saturate(_RELATED_AT_ONCE)
+    settling = EgglogSession(limits=WindowLimits(nodes=10, settle_nodes=1))
+    assert settling.saturate(_RELATED_AT_ONCE).term == '(dist "c")'
+
+
 _TWO_SIZES = ('(let $y (binary "add" (dist "a") (dist "a")))\n'
               '(set (dimsize (dist "a") 0) 4)\n(set (dimsize (dist "b") 0) 8)\n'
               '(union (dist "a") (dist "b"))')
@@ -56,7 +67,8 @@ def test_a_window_that_unites_tensors_of_two_sizes_gives_no_answer():
     assert session.holds(agreeing, ['(binary "add" (dist "b") (dist "b"))'])  # still usable
 
 
-@pytest.mark.parametrize("field", ["window_nodes", "window_seconds", "window_search_nodes"])
+@pytest.mark.parametrize("field", ["window_nodes", "window_seconds", "window_search_nodes",
+                                   "window_settle_nodes"])
 def test_limits_must_be_positive(field):
     config = experiment("llama-tiny", "llama", 2)
     config["verify"][field] = 0
@@ -66,5 +78,6 @@ def test_limits_must_be_positive(field):
 
 def test_the_limits_are_read_from_the_config():
     config = experiment("llama-tiny", "llama", 2)
-    config["verify"].update(window_nodes=9, window_seconds=8, window_search_nodes=7)
-    assert _limits(load_experiment(config)) == WindowLimits(nodes=9, seconds=8, search_nodes=7)
+    config["verify"].update(window_nodes=9, window_seconds=8, window_search_nodes=7,
+                            window_settle_nodes=6)
+    assert _limits(load_experiment(config)) == WindowLimits(9, 8, search_nodes=7, settle_nodes=6)

@@ -172,7 +172,9 @@ class EgglogSession:
             *ran, size = egraph.run_program(*step)
             outputs += [*ran, size]
             nodes = sum(count for _, count in size.sizes)
-            if settling or (nodes > self.limits.settle_nodes and settled()):
+            grown = nodes > self.limits.settle_nodes
+            answered = (self.settle or grown) and settled()  # one extraction per iteration
+            if settling or (grown and answered):
                 break
             if nodes > self.limits.nodes:
                 raise WindowLimitExceeded(f"its e-graph grew past {self.limits.nodes} e-nodes")
@@ -182,7 +184,7 @@ class EgglogSession:
                 break
             if self.settle and nodes > self.limits.search_nodes:
                 break  # what it found by now is the answer: a window that grows so is not settling
-            settling = self.settle and settled()
+            settling = self.settle and answered
         self._refuse_conflicts(egraph)
         return outputs
 

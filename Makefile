@@ -3,7 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test matrix soundness browser bench bench-scar clean
+.PHONY: venv demo test corpus matrix soundness browser bench bench-scar clean
 
 venv: $(STAMP)
 
@@ -21,6 +21,13 @@ TEST_WORKERS ?= 2
 
 test: venv
 	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
+
+# The blind corpus (tests/corpus): each case checked on gloo processes, then verified; prints
+# the table per style and step (ARGS=style/ or a case name to run some).
+corpus: venv
+	mkdir -p reports
+	$(VENV)/bin/python -m tests.corpus.gloo_check $(ARGS)
+	$(VENV)/bin/python -m tests.corpus.verify_cases --json reports/corpus.json $(ARGS)
 
 # Every parallelism x forward/backward cell, verified or caught, printed as a table.
 matrix: venv

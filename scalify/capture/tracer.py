@@ -11,9 +11,11 @@ import dataclasses
 import linecache
 import os
 import sys
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import torch
+import torch.distributed._functional_collectives as funcol
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch._decomp import get_decompositions
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -23,6 +25,7 @@ from ..errors import CaptureError
 from ..ir.graph import Graph, SourceLoc
 from .aten import lower
 from .builder import GraphBuilder, Ref
+from .movement import canonical_movement
 from .dtensor import has_dtensor, local_tensor, sharding_propagation_unrecorded
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
@@ -199,6 +202,19 @@ class _Recorder(TorchDispatchMode):
                 self.bind(tensor, ref)
 
 
+@contextmanager
+def functional_collectives_waited() -> Iterator[None]:
+    """Functional collectives return waited plain tensors, as they do under a compiler's
+    tracing, instead of `AsyncCollectiveTensor` wrappers whose later use (an in-place add on
+    an all_reduce's result, say) runs inside the wrapper, unseen by the recorder."""
+    traced = funcol._are_we_tracing
+    funcol._are_we_tracing = lambda: True
+    try:
+        yield
+    finally:
+        funcol._are_we_tracing = traced
+
+
 def _module_names(module: torch.nn.Module) -> dict[int, str]:
     return {id(m): name for name, m in module.named_modules()}
 
@@ -225,7 +241,8 @@ def capture(module: torch.nn.Module, call: Callable[[], Any], inputs: dict[str, 
         recorder.bind(tensor, node_name)
     hooks = [register_module_forward_pre_hook(sources.enter), register_module_forward_hook(sources.leave)]
     try:
-        with torch.set_grad_enabled(grad), sharding_propagation_unrecorded(), recorder:
+        with (torch.set_grad_enabled(grad), sharding_propagation_unrecorded(),
+              functional_collectives_waited(), recorder):
             result = call()
     except RuntimeError as error:  # raised outside the recorder's own calls, e.g. by DTensor
         raise CaptureError(f"{sources.failure(error)}: {str(error).splitlines()[0]}") from None
@@ -235,4 +252,4 @@ def capture(module: torch.nn.Module, call: Callable[[], Any], inputs: dict[str, 
     outputs = result if isinstance(result, (tuple, list)) else [result]
     graph = builder.graph
     graph.outputs = [recorder.ref(local_tensor(t)).name for t in outputs]
-    return graph.pruned()
+    return canonical_movement(graph.pruned())

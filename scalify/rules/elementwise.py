@@ -42,6 +42,28 @@ def _shape_op_rules() -> list[Rule]:
         Rule("binary-over-squeezes", "(binary f (squeeze x d) (squeeze y d))",
              "(squeeze (binary f x y) d)",
              lambda gen, c: {"x": x3(gen), "y": y3(gen), "d": 1, **c}, families={"f": BINARY_KEYS}),
+        *_reshape_rules(),
+    ]
+
+
+def _reshape_rules() -> list[Rule]:
+    """Elementwise ops commute with reshapes (merges and splits of adjacent dims), so the same
+    math on 2-D rows and on 3-D activations meets: a bias added before or after a view."""
+    merged, split = (lambda gen: tensor(gen, 3, 4, 2, 5)), (lambda gen: tensor(gen, 3, 8, 5))
+    return [
+        Rule("unary-over-split", "(unary f (split x d i))", "(split (unary f x) d i)",
+             lambda gen, c: {"x": split(gen), "d": 1, "i": 2, **c}, families={"f": UNARY_KEYS}),
+        Rule("unary-over-merge", "(unary f (merge x d i))", "(merge (unary f x) d i)",
+             lambda gen, c: {"x": merged(gen), "d": 1, "i": 2, **c}, families={"f": UNARY_KEYS}),
+        # Equal results of one split (or merge) come from operands of one shape: well typed.
+        Rule("binary-over-splits", "(binary f (split x d i) (split y d i))",
+             "(split (binary f x y) d i)",
+             lambda gen, c: {"x": split(gen), "y": split(gen), "d": 1, "i": 2, **c},
+             families={"f": BINARY_KEYS}),
+        Rule("binary-over-merges", "(binary f (merge x d i) (merge y d i))",
+             "(merge (binary f x y) d i)",
+             lambda gen, c: {"x": merged(gen), "y": merged(gen), "d": 1, "i": 2, **c},
+             families={"f": BINARY_KEYS}),
     ]
 
 

@@ -209,6 +209,9 @@ def rules() -> list[Rule]:
              when=("(= e (+ d 1))", "(= (dimsize x d) 1)")),
         Rule("unsqueeze-beside-unit-dim", "(unsqueeze x d)", "(unsqueeze x (+ d 1))",
              lambda gen, c: {"x": tensor(gen, 4, 1, 3), "d": 1}, when=("(= (dimsize x d) 1)",)),
+        Rule("unsqueeze-below-unit-dim", "(unsqueeze x d)", "(unsqueeze x (- d 1))",
+             lambda gen, c: {"x": tensor(gen, 4, 1, 3), "d": 2},
+             when=("(> d 0)", "(= (dimsize x (- d 1)) 1)")),
         Rule("concat-right-nested", "(concat (concat a b d na nb) c d m nc)",
              "(concat a (concat b c d nb nc) d na (+ nb nc))",
              lambda gen, c: {"a": tensor(gen, 3, 1), "b": tensor(gen, 3, 2), "c": tensor(gen, 3, 4),
@@ -231,7 +234,42 @@ def rules() -> list[Rule]:
         Rule("unsqueeze-order", "(unsqueeze (unsqueeze x d) e)", "(unsqueeze (unsqueeze x e) (+ d 1))",
              lambda gen, c: {"x": tensor(gen, 4, 6), "d": 1, "e": 0}, when=("(<= e d)",)),
         *_slice_rules(),
+        *_reshape_rules(),
         *(_psum_rule(op, attrs, shape, **example) for op, attrs, shape, example in MOVEMENT_OPS),
+        *(_psum_inward(op, attrs, shape, **example) for op, attrs, shape, example in MOVEMENT_OPS
+          if op in SHAPE_DETERMINING),
+    ]
+
+
+# Movement ops whose result's shape determines their operand's: the same op on two operands
+# with equal results has operands of one shape, so their sum is well typed.
+SHAPE_DETERMINING = ("merge", "split", "unsqueeze", "squeeze", "transpose")
+
+
+def _psum_inward(op: str, attrs: str, shape: tuple[int, ...], **extra) -> Rule:
+    """A sum over ranks of moved parts is the moved sum (an all_reduce after a view)."""
+    return Rule(f"psum-of-{op}s", f"(psum ({op} a {attrs}) ({op} b {attrs}))",
+                f"({op} (psum a b) {attrs})",
+                lambda gen, c: {"a": tensor(gen, *shape), "b": tensor(gen, *shape), **extra})
+
+
+def _reshape_rules() -> list[Rule]:
+    """Reshapes have inverses, and a broadcast split in two is a broadcast of a split: the
+    relation between a reference's 2-D rows and a rank's 3-D activations (or the reverse)."""
+    return [
+        Rule("merge-split", "(merge (split x d i) d i)", "x",
+             lambda gen, c: {"x": tensor(gen, 4, 6, 3), "d": 1, "i": 2}),
+        Rule("split-merge", "(split (merge x d i) d i)", "x",
+             lambda gen, c: {"x": tensor(gen, 4, 3, 2, 5), "d": 1, "i": 2}),
+        # Name the inverse of every reshape, so a value the ranks hold only reshaped is found.
+        Rule("split-has-inverse", "(split x d i)", "(split (merge (split x d i) d i) d i)",
+             lambda gen, c: {"x": tensor(gen, 4, 6, 3), "d": 1, "i": 2}),
+        Rule("merge-has-inverse", "(merge x d i)", "(merge (split (merge x d i) d i) d i)",
+             lambda gen, c: {"x": tensor(gen, 4, 3, 2, 5), "d": 1, "i": 2}),
+        Rule("broadcast-split", "(expand (expand (unsqueeze x d) d m) (+ d 1) i)",
+             "(split (expand x d (* m i)) d i)",
+             lambda gen, c: {"x": tensor(gen, 4, 1, 3), "d": 1, "m": 3, "i": 2},
+             when=("(= (dimsize x d) 1)", "(> i 0)", "(> m 0)")),
     ]
 
 

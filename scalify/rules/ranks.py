@@ -13,7 +13,7 @@ import torch
 
 from .base import Rule
 from .examples import tensor
-from .movement import MOVEMENT_OPS
+from .movement import MOVEMENT_OPS, SHAPE_DETERMINING
 from .families import (ADDITIVE, BINARY_KEYS, COMPARISONS, LINEAR_UNARY_KEYS, NORMALIZATIONS,
                        REDUCTIONS, SCALES_LEFT, SCALES_RIGHT, UNARY_KEYS)
 from .terms import Family
@@ -246,6 +246,9 @@ def _movement() -> list[Rule]:
         Rule("rank-blocks-in-zeros", "(rcat x d s)", "(rsum (rpad x d s))",
              lambda gen, c: {"x": family(gen, 2, 3), "d": 1, "s": 3}, trigger="(rpad x d s)"),
         *(summed(op, attrs, shape, **example) for op, attrs, shape, example in MOVEMENT_OPS),
+        *(Rule(f"rsum-of-{op}", f"(rsum ({op} x {attrs}))", f"({op} (rsum x) {attrs})",
+               lambda gen, c, shape=shape, example=example: {"x": family(gen, *shape), **example})
+          for op, attrs, shape, example in MOVEMENT_OPS if op in SHAPE_DETERMINING),
     ]
 
 

@@ -17,7 +17,7 @@ import torch
 from ..ir.ops import OPS, infer_shape
 
 RELATIONAL = frozenset({"dist", "const", "concat", "psum", "pmax", "slice", "expand", "unsqueeze",
-                        "squeeze", "rcat", "rsum", "rmax", "rslice"})
+                        "squeeze", "merge", "split", "transpose", "rcat", "rsum", "rmax", "rslice"})
 COMPUTE_COST = 1000
 # Two sizes of one tensor along one dim (an unsound union, or a wrong fact) merge to SIZE_CONFLICT,
 # which no size-guarded rule matches; the session refuses a window that holds it.
@@ -39,11 +39,11 @@ DECLARATIONS = f"""
   (reduce String T i64 :cost {COMPUTE_COST})
   (softmax String T i64 :cost {COMPUTE_COST})
   (matmul T T i64 :cost {COMPUTE_COST})
-  (merge T i64 i64 :cost {COMPUTE_COST})
-  (split T i64 i64 :cost {COMPUTE_COST})
+  (merge T i64 i64 :cost 10)
+  (split T i64 i64 :cost 10)
   (unsqueeze T i64 :cost 10)
   (squeeze T i64 :cost 10)
-  (transpose T i64 i64 :cost {COMPUTE_COST})
+  (transpose T i64 i64 :cost 10)
   (expand T i64 i64 :cost 10)
   (embedding T T :cost {COMPUTE_COST})
   (embed_range T T i64 :cost {COMPUTE_COST})

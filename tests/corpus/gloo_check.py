@@ -60,7 +60,9 @@ def _reference(case: Case) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
 
 
 def _outputs(value: object) -> list[torch.Tensor]:
-    return [t.detach() for t in (value if isinstance(value, (tuple, list)) else [value])]
+    """The output tensors, waited for (a functional collective's result may still be in flight)."""
+    tensors = value if isinstance(value, (tuple, list)) else [value]
+    return [(t.wait() if hasattr(t, "wait") else t).detach() for t in tensors]
 
 
 def _assemble(parts: list[torch.Tensor], placement: object) -> torch.Tensor:

@@ -1,0 +1,140 @@
+"""Chains of reshapes and transposes in one canonical form, whatever way the code wrote them.
+
+A view, `einsum`'s unit-dim shuffles, `transpose(...).contiguous().view(...)` and a round trip
+of transposes are all data movement that keeps every element: the chain's net effect is a
+permutation of the factors (atoms) its root's dims are cut into. Each such chain is rewritten
+from its root as: a reshape into the atoms, one permutation, a reshape into the result's shape
+(only the reshape when the atoms stay in order, nothing when the chain is the identity). Two
+programs that move data alike then hold the same nodes, however each spelled it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ir.graph import Graph, Node
+from .builder import GraphBuilder, Ref
+
+REORDERING = frozenset({"unsqueeze", "squeeze", "transpose", "merge", "split"})
+
+
+@dataclass(frozen=True)
+class Atoms:
+    """A chain's state: its root node, the root's atoms in order (with sizes), and the atoms
+    each dim of the current tensor holds (a size-1 dim holds none)."""
+
+    root: str
+    order: tuple[int, ...]
+    sizes: tuple[tuple[int, int], ...]  # (atom, size)
+    dims: tuple[tuple[int, ...], ...]
+
+    @staticmethod
+    def of(root: Node) -> Atoms:
+        dims = tuple((k,) if size != 1 else () for k, size in enumerate(root.shape))
+        order = tuple(a for dim in dims for a in dim)
+        return Atoms(root.name, order, tuple((a, root.shape[a]) for a in order), dims)
+
+    def size(self, atom: int) -> int:
+        return dict(self.sizes)[atom]
+
+    def after(self, node: Node) -> Atoms | None:
+        """The state once `node` (a reordering op on this chain's tensor) has run, or None
+        when a split cuts across atoms (the chain restarts at `node`)."""
+        dims = list(self.dims)
+        if node.op == "unsqueeze":
+            dims.insert(node.attr("dim"), ())
+        elif node.op == "squeeze":
+            del dims[node.attr("dim")]
+        elif node.op == "transpose":
+            d0, d1 = node.attr("dim0"), node.attr("dim1")
+            dims[d0], dims[d1] = dims[d1], dims[d0]
+        elif node.op == "merge":
+            d = node.attr("dim")
+            dims[d:d + 2] = [dims[d] + dims[d + 1]]
+        else:
+            return self._split(node.attr("dim"), node.attr("inner"))
+        return Atoms(self.root, self.order, self.sizes, tuple(dims)).coalesced()
+
+    def coalesced(self) -> Atoms:
+        """Atoms that lie side by side in one dim and in the root's order, as one atom."""
+        sizes, dims, order = dict(self.sizes), [], list(self.order)
+        for atoms in self.dims:
+            kept: list[int] = []
+            for atom in atoms:
+                if kept and order.index(kept[-1]) + 1 == order.index(atom):
+                    sizes[kept[-1]] *= sizes.pop(atom)
+                    order.remove(atom)
+                else:
+                    kept.append(atom)
+            dims.append(tuple(kept))
+        return Atoms(self.root, tuple(order), tuple((a, sizes[a]) for a in order), tuple(dims))
+
+    def _split(self, dim: int, inner: int) -> Atoms | None:
+        """Dim `dim` cut into (size / inner, inner), cutting an atom in two where the cut falls
+        inside it (None when the cut does not divide that atom)."""
+        state, atoms = self, self.dims[dim]
+        cut, tail = len(atoms), 1
+        while tail < inner:
+            cut -= 1
+            size = state.size(atoms[cut])
+            if tail * size > inner:  # the cut falls inside this atom: cut the atom too
+                if inner % tail or size % (inner // tail):
+                    return None
+                state = state._refine(atoms[cut], size * tail // inner)
+                atoms, cut = state.dims[dim], cut + 1
+                break
+            tail *= size
+        dims = list(state.dims)
+        dims[dim:dim + 1] = [atoms[:cut], atoms[cut:]]
+        return Atoms(state.root, state.order, state.sizes, tuple(dims))
+
+    def _refine(self, atom: int, outer: int) -> Atoms:
+        """`atom` cut into an outer atom of size `outer` and an inner one, everywhere."""
+        fresh = max(a for a, _ in self.sizes) + 1
+        inner = self.size(atom) // outer
+        pieces = (atom, fresh)
+        sizes = tuple(s for s in self.sizes if s[0] != atom) + ((atom, outer), (fresh, inner))
+
+        def cut(atoms: tuple[int, ...]) -> tuple[int, ...]:
+            return tuple(p for a in atoms for p in (pieces if a == atom else (a,)))
+
+        return Atoms(self.root, cut(self.order), sizes, tuple(cut(d) for d in self.dims))
+
+    def permutation(self) -> list[int]:
+        """Where each atom of the result sits in the root's order."""
+        return [self.order.index(a) for dim in self.dims for a in dim]
+
+
+def canonical_movement(graph: Graph) -> Graph:
+    """`graph` with every chain of reordering ops written in canonical form from its root."""
+    builder = GraphBuilder(prefix="~m")
+    result = builder.graph
+    result.outputs = list(graph.outputs)
+    alias: dict[str, str] = {}
+    states: dict[str, Atoms] = {}
+    for node in graph:
+        inputs = tuple(alias.get(i, i) for i in node.inputs)
+        if node.op not in REORDERING:
+            result.add(Node(node.name, node.op, inputs, node.attrs, node.shape, node.dtype,
+                            node.source))
+            continue
+        state = (states.get(node.inputs[0]) or Atoms.of(result[inputs[0]])).after(node)
+        if state is None:  # a cut across atoms: the chain restarts here
+            moved = result.add(Node(node.name, node.op, inputs, node.attrs, node.shape,
+                                    node.dtype, node.source))
+            states[node.name] = Atoms.of(moved)
+            continue
+        states[node.name] = state
+        builder.source = node.source
+        alias[node.name] = _emit(builder, result[state.root], state, node).name
+    result.outputs = [alias.get(o, o) for o in graph.outputs]
+    return result.pruned()
+
+
+def _emit(builder: GraphBuilder, root: Node, state: Atoms, node: Node) -> Ref:
+    """The canonical nodes for `node`, a chain from `root` in `state`."""
+    ref = Ref(root.name, root.shape, root.dtype)
+    permutation = state.permutation()
+    if permutation != sorted(permutation):
+        ref = builder.reshape(ref, tuple(state.size(a) for a in state.order))
+        ref = builder.permute(ref, permutation)
+    return builder.reshape(ref, node.shape)

@@ -1,0 +1,76 @@
+"""Chains of reshapes and transposes are rewritten in one canonical form that moves the same
+elements; two spellings of one movement become the same nodes."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from scalify.capture.movement import canonical_movement
+from scalify.capture.tracer import capture
+from scalify.ir.graph import Graph
+from scalify.ir.ops import OPS
+
+
+def _run(graph: Graph, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    values = dict(inputs)
+    for node in graph:
+        if node.op != "placeholder":
+            values[node.name] = OPS[node.op].run([values[i] for i in node.inputs], dict(node.attrs))
+    return [values[o] for o in graph.outputs]
+
+
+class Moves(torch.nn.Module):
+    def __init__(self, moves):
+        super().__init__()
+        self.moves = moves
+
+    def forward(self, x):
+        return self.moves(x).exp()
+
+
+def _captured(moves, shape=(2, 3, 4)) -> tuple[Graph, torch.Tensor]:
+    x = torch.randn(*shape)
+    return capture(Moves(moves), lambda: Moves(moves)(x), {"x": x}), x
+
+
+def _random_moves(seed: int):
+    """A random chain of views, transposes, unit dims and flattens on a [2, 3, 4] tensor."""
+    rng = random.Random(seed)
+
+    def moves(x):
+        for _ in range(6):
+            choice = rng.randrange(5)
+            if choice == 0 and x.dim() > 1:
+                a, b = rng.sample(range(x.dim()), 2)
+                x = x.transpose(a, b)
+            elif choice == 1:
+                x = x.unsqueeze(rng.randrange(x.dim() + 1))
+            elif choice == 2:
+                x = x.reshape(-1)
+            elif choice == 3 and x.numel() % 6 == 0:
+                x = x.reshape(6, -1) if rng.random() < 0.5 else x.reshape(-1, 2, 3)
+            else:
+                x = x.squeeze() if x.dim() > 1 else x
+        return x
+    return moves
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_canonical_chain_moves_the_same_elements(seed):
+    graph, x = _captured(_random_moves(seed))
+    (before,), (after,) = _run(graph, {"x": x}), _run(canonical_movement(graph), {"x": x})
+    assert torch.equal(before, after)
+
+
+def test_two_spellings_of_one_movement_become_the_same_nodes():
+    first, _ = _captured(lambda x: x.transpose(0, 1).contiguous().view(3, 8))
+    second, _ = _captured(lambda x: x.unsqueeze(0).permute(0, 2, 1, 3).squeeze(0).flatten(1))
+    ops = [[(n.op, n.attrs) for n in canonical_movement(g)] for g in (first, second)]
+    assert ops[0] == ops[1]
+
+
+def test_a_round_trip_is_its_input():
+    graph, _ = _captured(lambda x: x.transpose(1, 2).reshape(2, 12).view(2, 4, 3).transpose(1, 2))
+    assert [n.op for n in canonical_movement(graph)] == ["placeholder", "exp"]

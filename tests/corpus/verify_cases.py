@@ -1,0 +1,119 @@
+"""Scalify on the corpus: every case verified (correct) or caught at its `# BUG` line (buggy).
+
+    python -m tests.corpus.verify_cases [CASE ...] [--json FILE]    # (make corpus) the table
+
+Prints one line per case as it finishes, then the table per style and step: verified of the
+correct cases, caught and localized of the buggy ones, crashes and unknowns, and every false
+alarm with its cause. Exits 1 on a crash or on a buggy case reported verified.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import scalify
+from scalify.errors import ScalifyError
+
+from .cases import Case, case_paths, load
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What Scalify said of one case."""
+
+    name: str
+    style: str
+    step: str
+    buggy: bool
+    verdict: str          # verified, discrepancy, unknown, refused (a Scalify error) or crash
+    localized: bool
+    seconds: float
+    detail: str = ""      # the first discrepancy, the unknown reason or the error
+
+    @property
+    def as_expected(self) -> bool:
+        return self.verdict == ("discrepancy" if self.buggy else "verified")
+
+
+def run(case: Case) -> Outcome:
+    """Verify one case with the public API."""
+    module = case.module
+    start = time.perf_counter()
+    verdict, localized, detail = "crash", False, ""
+    try:
+        report = scalify.verify_modules(
+            reference=module.reference(), rank_module_factory=lambda rank: module.rank_module(
+                rank, case.world_size),
+            world_size=case.world_size, example_inputs=module.inputs(),
+            param_placements=case.attr("PARAM_PLACEMENTS"), shard_fn=case.attr("shard"),
+            input_placements=case.attr("INPUT_PLACEMENTS", {}),
+            output_placements=list(module.OUTPUT_PLACEMENTS), numeric=True,
+            grad=case.step == "training", name=case.name)
+        verdict = report.verdict
+        if report.discrepancies:
+            first = report.discrepancies[0]
+            line = case.bug_line()
+            localized = line is not None and (str(case.path), line) in first.lines()
+            detail = f"{first.ref_op} at {first.location}: {first.found}"
+        elif report.unknown:
+            detail = report.unknown[0]
+    except ScalifyError as error:
+        verdict, detail = "refused", str(error).splitlines()[0]
+    except Exception as error:  # a crash is what the corpus exists to find
+        detail = f"{type(error).__name__}: {error}".splitlines()[0]
+        traceback.print_exc()
+    return Outcome(case.name, case.style, case.step, case.buggy, verdict, localized,
+                   time.perf_counter() - start, detail)
+
+
+def table(outcomes: list[Outcome]) -> str:
+    """Per style and step: verified/correct, caught/bugs, localized/bugs, crashes, unknowns."""
+    rows: dict[tuple[str, str], list[Outcome]] = defaultdict(list)
+    for outcome in outcomes:
+        rows[(outcome.style, outcome.step)].append(outcome)
+        rows[("all", "")].append(outcome)
+    lines = ["| style | step | verified / correct | caught / bugs | localized / bugs | crashes "
+             "| unknown |", "|---|---|---|---|---|---|---|"]
+    for (style, step), group in sorted(rows.items(), key=lambda item: item[0][0] == "all"):
+        correct = [o for o in group if not o.buggy]
+        bugs = [o for o in group if o.buggy]
+        caught = [o for o in bugs if o.verdict == "discrepancy"]
+        lines.append(
+            f"| {style} | {step} | {sum(o.verdict == 'verified' for o in correct)} / {len(correct)} "
+            f"| {len(caught)} / {len(bugs)} | {sum(o.localized for o in caught)} / {len(bugs)} "
+            f"| {sum(o.verdict in ('crash', 'refused') for o in group)} "
+            f"| {sum(o.verdict == 'unknown' for o in group)} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("cases", nargs="*", help="cases (style/name or part of it); default all")
+    parser.add_argument("--json", help="also write the outcomes to this file")
+    args = parser.parse_args(argv)
+    outcomes = []
+    for path in case_paths(args.cases):
+        outcome = run(load(path))
+        outcomes.append(outcome)
+        mark = "ok  " if outcome.as_expected else "MISS"
+        where = " (at the bug's line)" if outcome.localized else ""
+        print(f"{mark} {outcome.name} [{outcome.step}, {'bug' if outcome.buggy else 'correct'}]: "
+              f"{outcome.verdict}{where} in {outcome.seconds:.1f} s {outcome.detail}", flush=True)
+    print(table(outcomes))
+    misses = [o for o in outcomes if not o.as_expected]
+    for outcome in misses:
+        print(f"- {outcome.name}: {outcome.verdict}: {outcome.detail}")
+    if args.json:
+        Path(args.json).write_text(json.dumps([asdict(o) for o in outcomes], indent=1))
+    unsound = [o for o in outcomes if o.buggy and o.verdict == "verified"]
+    return 1 if unsound or any(o.verdict == "crash" for o in outcomes) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

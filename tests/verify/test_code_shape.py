@@ -1,0 +1,92 @@
+"""The same math written another way verifies: relations survive reshapes, transposes, bias
+placement, einsum, chunking and in-place updates (one TP MLP, many spellings)."""
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+import torch.nn.functional as F
+from torch import nn
+
+import scalify
+
+HIDDEN, FFN, WORLD, BATCH, SEQ = 8, 16, 2, 2, 4
+
+
+class MLP(nn.Module):
+    def __init__(self, ffn: int = FFN) -> None:
+        super().__init__()
+        self.up = nn.Linear(HIDDEN, ffn)
+        self.down = nn.Linear(ffn, HIDDEN)
+
+    def forward(self, x):
+        return self.down(F.gelu(self.up(x)))
+
+
+def _sum(t):
+    return funcol.all_reduce(t, "sum", dist.group.WORLD)
+
+
+class RankMLP(MLP):
+    """Column-parallel up, row-parallel down; `spelling` says how the rank writes it."""
+
+    def __init__(self, spelling: str) -> None:
+        super().__init__(FFN // WORLD)
+        self.spelling = spelling
+
+    def forward(self, x):
+        up, down, s = self.up, self.down, self.spelling
+        if s == "bias_after_reduce":
+            return _sum(F.linear(F.gelu(up(x)), down.weight)) + down.bias
+        if s == "bias_after_reduce_2d":
+            rows = x.reshape(-1, HIDDEN)
+            out = _sum(F.gelu(rows @ up.weight.t() + up.bias) @ down.weight.t())
+            return (out + down.bias).view(BATCH, SEQ, HIDDEN)
+        if s == "mm_plus_add":
+            rows = x.view(-1, HIDDEN)
+            hidden = torch.mm(rows, up.weight.t()).add(up.bias)
+            return (_sum(torch.mm(F.gelu(hidden), down.weight.t())) + down.bias).view(x.shape)
+        if s == "seq_first":  # Megatron's [seq, batch, hidden] layout
+            sbh = x.transpose(0, 1).contiguous()
+            out = _sum(F.linear(F.gelu(up(sbh)), down.weight)) + down.bias
+            return out.transpose(0, 1)
+        if s == "einsum":
+            hidden = torch.einsum("bsh,fh->bsf", x, up.weight) + up.bias
+            out = torch.einsum("bsf,hf->bsh", F.gelu(hidden), down.weight)
+            return _sum(out) + down.bias
+        if s == "chunked_weights":  # each half of the rank's columns computed apart
+            w0, w1 = up.weight.chunk(2, 0)
+            b0, b1 = torch.split(up.bias, FFN // WORLD // 2)
+            hidden = torch.cat([F.linear(x, w0, b0), F.linear(x, w1, b1)], -1)
+            return _sum(F.linear(F.gelu(hidden), down.weight)) + down.bias
+        if s == "in_place":
+            hidden = F.linear(x, up.weight)
+            hidden.add_(up.bias)
+            out = _sum(F.linear(F.gelu(hidden), down.weight))
+            out.add_(down.bias)
+            return out
+        if s == "bias_before_reduce":  # the bug: every rank adds the whole bias
+            return _sum(F.linear(F.gelu(up(x)), down.weight, down.bias))
+        raise ValueError(s)
+
+
+def _verify(spelling: str):
+    torch.manual_seed(0)
+    return scalify.verify_modules(
+        reference=MLP(), rank_module_factory=lambda rank: RankMLP(spelling), world_size=WORLD,
+        example_inputs={"x": torch.randn(BATCH, SEQ, HIDDEN)},
+        param_placements={"up.weight": scalify.Shard(0), "up.bias": scalify.Shard(0),
+                          "down.weight": scalify.Shard(1)},
+        output_placements=[scalify.Replicate()], numeric=True)
+
+
+@pytest.mark.parametrize("spelling", ["bias_after_reduce", "bias_after_reduce_2d", "mm_plus_add",
+                                      "seq_first", "einsum", "chunked_weights", "in_place"])
+def test_the_same_math_written_another_way_verifies(spelling):
+    report = _verify(spelling)
+    assert report.numeric["agrees"]
+    assert report.verified, report.discrepancies[0] if report.discrepancies else report.unknown
+
+
+def test_a_bias_added_on_every_rank_before_the_reduction_is_caught():
+    report = _verify("bias_before_reduce")
+    assert not report.verified and not report.numeric["agrees"]

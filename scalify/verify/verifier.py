@@ -555,7 +555,8 @@ class Verifier:
                      if loc.file}  # the rank's run of this op's or its inputs' source lines
             same_line = [n for n in lowest if (self.dist.graph[n].source.file,
                                                self.dist.graph[n].source.line) in lines]
-            chosen = (same_op or same_line or lowest or [None])[0]
+            chosen = (self._selected_elsewhere(inputs, lowest) or same_op or same_line or lowest
+                      or [None])[0]
             primary = self.dist.graph[chosen].source if chosen else SourceLoc()
             hint = _hint(node, found) + _layout_hint(self._sharded_inputs(node))
         nearby = sent + list(dict.fromkeys(self.dist.graph[n].source for n in lowest))[:10]
@@ -564,6 +565,29 @@ class Verifier:
                            expected="a relation to the ranks' tensors (Replicate, Shard or Partial)",
                            hint=hint, inputs=described, nearby=nearby,
                            placements=self._sharded_parameters(node))
+
+    def _selected_elsewhere(self, inputs: list[Relation], window: list[str]) -> list[str]:
+        """Rank slices in `window` that cut another part of the same size from a rank tensor
+        an input's relation reads a slice of: the ranks hold the value the reference uses,
+        but took another part of that tensor."""
+        read, stack = set(), [parse(r.term) for r in inputs]
+        while stack:
+            term = stack.pop()
+            if isinstance(term, App):
+                part = term.args[0] if term.head == "slice" else None
+                if isinstance(part, App) and part.head == "dist":
+                    _, dim, start, end = term.args
+                    read.add((part.args[0], dim, end - start, start))
+                stack.extend(term.args)
+        found = []
+        for name in window:
+            node = self.dist.graph[name]
+            if node.op == "slice":
+                cut = (node.inputs[0], node.attr("dim"), node.attr("end") - node.attr("start"))
+                starts = {start for *where, start in read if tuple(where) == cut}
+                if starts and node.attr("start") not in starts:
+                    found.append(name)
+        return found
 
     def _sharded_parameters(self, node: Node) -> list[str]:
         """Placements (and where they were declared) of the sharded parameters of this layer

@@ -1,6 +1,6 @@
-"""Megatron-LM (mpu) GPT embedding + final LayerNorm + tied-weight parallel_lm_logits + the
-vocab_parallel_cross_entropy autograd Function; one training step returning the masked mean
-loss and gradients (the word embedding's gradient stays vocab-sharded)."""
+"""Megatron-LM (mpu) GPT training step: broadcast_data of the batch from TP rank 0, embedding +
+final LayerNorm + tied-weight parallel_lm_logits + the vocab_parallel_cross_entropy autograd
+Function; returns the masked mean loss and gradients (the word embedding's stays vocab-sharded)."""
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -47,6 +47,28 @@ def get_tensor_model_parallel_rank():
 
 def get_tensor_model_parallel_world_size():
     return dist.get_world_size(group=_TENSOR_MODEL_PARALLEL_GROUP)
+
+
+def get_tensor_model_parallel_src_rank():
+    """Global rank of local rank 0 in the tensor model parallel group."""
+    local_world_size = get_tensor_model_parallel_world_size()
+    return (dist.get_rank() // local_world_size) * local_world_size
+
+
+def broadcast_data(keys, data, datatype):
+    """Only tensor-parallel rank 0 reads the batch: broadcast it to the rest of the group."""
+    key_numel = {key: data[key].numel() for key in keys}
+    total_numel = sum(key_numel.values())
+    if get_tensor_model_parallel_rank() == 0:
+        flatten_data = torch.cat([data[key].contiguous().view(-1) for key in keys], dim=0).to(datatype)
+    else:
+        flatten_data = torch.empty(total_numel, dtype=datatype)
+    dist.broadcast(flatten_data, get_tensor_model_parallel_src_rank(), group=get_tensor_model_parallel_group())
+    output, offset = {}, 0
+    for key in keys:
+        output[key] = flatten_data.narrow(0, offset, key_numel[key]).view(data[key].shape)
+        offset += key_numel[key]
+    return output
 
 
 class _CopyToModelParallelRegion(torch.autograd.Function):
@@ -155,6 +177,8 @@ class GPTModel(nn.Module):
         self.final_layernorm = nn.LayerNorm(HIDDEN)
 
     def forward(self, tokens, position_ids, labels, loss_mask):
+        data_b = broadcast_data(["tokens", "labels"], {"tokens": tokens, "labels": labels}, torch.int64)
+        tokens, labels = data_b["tokens"], data_b["labels"]
         hidden = self.word_embeddings(tokens) + self.position_embeddings(position_ids)
         hidden = hidden.transpose(0, 1).contiguous()                     # [s, b, h]
         hidden = self.final_layernorm(hidden)

@@ -105,12 +105,17 @@ class Atoms:
 
 
 def canonical_movement(graph: Graph) -> Graph:
-    """`graph` with every chain of reordering ops written in canonical form from its root."""
-    builder = GraphBuilder(prefix="~m")
+    """`graph` with every chain of reordering ops written in canonical form from its root,
+    where that form is shorter than the chain (a chain already as short keeps its spelling)."""
+    prefix = "~m"  # fresh node names, also when the graph was canonicalised before
+    while any(node.name.startswith(prefix) for node in graph):
+        prefix += "~"
+    builder = GraphBuilder(prefix=prefix)
     result = builder.graph
     result.outputs = list(graph.outputs)
     alias: dict[str, str] = {}
     states: dict[str, Atoms] = {}
+    steps: dict[str, int] = {}  # reordering ops from the chain's root, as the code wrote them
     for node in graph:
         inputs = tuple(alias.get(i, i) for i in node.inputs)
         if node.op not in REORDERING:
@@ -118,14 +123,19 @@ def canonical_movement(graph: Graph) -> Graph:
                             node.source))
             continue
         state = (states.get(node.inputs[0]) or Atoms.of(result[inputs[0]])).after(node)
+        steps[node.name] = steps.get(node.inputs[0], 0) + 1
+        if state is not None:
+            states[node.name] = state
+            before = len(result)
+            builder.source = node.source
+            canonical = _emit(builder, result[state.root], state, node).name
+            if len(result) - before < steps[node.name]:  # shorter than the code's own chain
+                alias[node.name] = canonical
+                continue
+        moved = result.add(Node(node.name, node.op, inputs, node.attrs, node.shape, node.dtype,
+                                node.source))
         if state is None:  # a cut across atoms: the chain restarts here
-            moved = result.add(Node(node.name, node.op, inputs, node.attrs, node.shape,
-                                    node.dtype, node.source))
-            states[node.name] = Atoms.of(moved)
-            continue
-        states[node.name] = state
-        builder.source = node.source
-        alias[node.name] = _emit(builder, result[state.root], state, node).name
+            states[node.name], steps[node.name] = Atoms.of(moved), 0
     result.outputs = [alias.get(o, o) for o in graph.outputs]
     return result.pruned()
 

@@ -209,6 +209,11 @@ def rules() -> list[Rule]:
              when=("(= e (+ d 1))", "(= (dimsize x d) 1)")),
         Rule("unsqueeze-beside-unit-dim", "(unsqueeze x d)", "(unsqueeze x (+ d 1))",
              lambda gen, c: {"x": tensor(gen, 4, 1, 3), "d": 1}, when=("(= (dimsize x d) 1)",)),
+        # A unit dim swapped with its neighbour is that unit dim inserted one place over.
+        Rule("transpose-unit-dim-after", "(transpose (unsqueeze x d) d e)", "(unsqueeze x e)",
+             lambda gen, c: {"x": tensor(gen, 4, 3, 5), "d": 1, "e": 2}, when=("(= e (+ d 1))",)),
+        Rule("transpose-unit-dim-before", "(transpose (unsqueeze x e) d e)", "(unsqueeze x d)",
+             lambda gen, c: {"x": tensor(gen, 4, 3, 5), "d": 1, "e": 2}, when=("(= e (+ d 1))",)),
         Rule("unsqueeze-below-unit-dim", "(unsqueeze x d)", "(unsqueeze x (- d 1))",
              lambda gen, c: {"x": tensor(gen, 4, 1, 3), "d": 2},
              when=("(> d 0)", "(= (dimsize x (- d 1)) 1)")),

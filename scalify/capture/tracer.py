@@ -15,26 +15,20 @@ from typing import Any, Callable
 
 import torch
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
-from torch._decomp import get_decompositions
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 
-from ..errors import CaptureError
+from ..errors import CaptureError, ScalifyError
 from ..ir.graph import Graph, SourceLoc
-from .aten import lower
+from .aten import lower, lowering_name, opaque
 from .builder import GraphBuilder, Ref
+from .decompose import decomposition_of
 from .dtensor import has_dtensor, local_tensor, sharding_propagation_unrecorded
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _CAPTURE_DIR = os.path.dirname(__file__)
 _COLLECTIVE_GROUP_ARG = {"all_reduce": 2, "all_gather_into_tensor": 2, "reduce_scatter_tensor": 3,
                          "all_to_all_single": 3}
-_aten = torch.ops.aten
-# Backward ops recorded as the core ops torch's own decompositions spell them in.
-DECOMPOSED = get_decompositions([
-    _aten._softmax_backward_data, _aten.silu_backward,
-    _aten.gelu_backward, _aten.tanh_backward, _aten.sigmoid_backward, _aten.threshold_backward,
-    _aten.native_layer_norm_backward])
 
 
 class SourceTracker:
@@ -135,6 +129,7 @@ class _Recorder(TorchDispatchMode):
         self.sources = sources
         self.group_ranks = group_ranks
         self.refs: dict[int, tuple[torch.Tensor, Ref]] = {}
+        self._decomposing: set[Any] = set()  # ops whose decomposition is running
 
     def bind(self, tensor: torch.Tensor, ref: Ref) -> None:
         self.refs[id(tensor)] = (tensor, ref)
@@ -162,31 +157,45 @@ class _Recorder(TorchDispatchMode):
         kwargs = kwargs or {}
         if has_dtensor(types):
             return NotImplemented  # DTensor runs it; its local ops come back here
-        if func in DECOMPOSED:
-            with self:
-                return DECOMPOSED[func](*args, **kwargs)
-        try:
-            out = func(*args, **kwargs)
-        except RuntimeError as error:
-            raise CaptureError(f"{func} failed during capture: {str(error).splitlines()[0]}") from None
-        name = func.overloadpacket.__name__
-        inplace = name.endswith("_") and not name.startswith("_")
-        name = name.rstrip("_") if inplace else name
+        decomposition = decomposition_of(func) if func not in self._decomposing else None
+        if decomposition is not None:
+            result = self._decompose(func, decomposition, args, kwargs)
+            if result is not NotImplemented:
+                return result
+        out = _run(func, args, kwargs)
+        name = lowering_name(func)[0]
         self.builder.source = self.sources.current()
         ref_args = [tree_map(self.ref, a) for a in args]
         ref_kwargs = {k: tree_map(self.ref, v) for k, v in kwargs.items()}
+        if name == "as_strided":  # a view of the input's memory: its layout matters
+            ref_kwargs["input_layout"] = (args[0].stride(), args[0].storage_offset())
         if func.namespace == "_c10d_functional" and name in _COLLECTIVE_GROUP_ARG:
             index = _COLLECTIVE_GROUP_ARG[name]
             ref_args[index] = self.group_ranks(ref_args[index])
         try:
             result = lower(self.builder, name, ref_args, ref_kwargs, out)
-        except ValueError as error:
-            raise CaptureError(f"aten.{name} at {self.builder.source}: {error}") from None
+        except (CaptureError, ValueError) as error:  # kept opaque: what depends on it is unknown
+            tensors = [r for r in tree_leaves((ref_args, ref_kwargs)) if isinstance(r, Ref)]
+            result = opaque(self.builder, str(func.overloadpacket), tensors, out, str(error))
         if func.namespace == "c10d":  # send/recv return a Work; recv fills its buffer
             self._bind_result(args[0][0] if name == "recv" else None, result)
         else:
             self._bind_result(out, result)
         return out
+
+    def _decompose(self, func: Any, decomposition: Callable, args: tuple, kwargs: dict) -> Any:
+        """Run `decomposition` with this recorder on, so its pieces are recorded (an op it
+        calls again is not decomposed again); NotImplemented if it refuses these arguments."""
+        self._decomposing.add(func)
+        try:
+            with self:
+                return decomposition(*args, **kwargs)
+        except ScalifyError:
+            raise
+        except Exception:  # e.g. a data-dependent decomposition on meta tensors
+            return NotImplemented
+        finally:
+            self._decomposing.discard(func)
 
     def _bind_result(self, out: Any, result: Any) -> None:
         if result is None or out is None:
@@ -197,6 +206,29 @@ class _Recorder(TorchDispatchMode):
         for tensor, ref in zip(out, result):
             if isinstance(tensor, torch.Tensor) and ref is not None:
                 self.bind(tensor, ref)
+
+
+def _run(func: Any, args: tuple, kwargs: dict) -> Any:
+    """`func` on the captured (meta) tensors; a 0-dim CPU tensor among them (a scalar, which
+    would mix with CUDA tensors) is moved to their device first."""
+    try:
+        return func(*args, **kwargs)
+    except RuntimeError as error:
+        devices = {t.device for t in tree_leaves((args, kwargs))
+                   if isinstance(t, torch.Tensor) and t.dim()}
+        if len(devices) == 1 and "device" in str(error):
+            device = devices.pop()
+            moved = tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) and not t.dim()
+                             and t.device != device else t, (args, kwargs))
+            return _run_once(func, *moved)
+        raise CaptureError(f"{func} failed during capture: {str(error).splitlines()[0]}") from None
+
+
+def _run_once(func: Any, args: tuple, kwargs: dict) -> Any:
+    try:
+        return func(*args, **kwargs)
+    except RuntimeError as error:
+        raise CaptureError(f"{func} failed during capture: {str(error).splitlines()[0]}") from None
 
 
 def _module_names(module: torch.nn.Module) -> dict[int, str]:

@@ -249,11 +249,15 @@ def _iota(a: Attrs) -> torch.Tensor:
 
 def _index(inputs: list[torch.Tensor], a: Attrs) -> torch.Tensor:
     source, indices = inputs[0], iter(inputs[1:])
-    return source[tuple(None if is_none else next(indices) for is_none in a["none_positions"])]
+    return source[tuple(slice(None) if is_none else next(indices) for is_none in a["none_positions"])]
 
 
 def _collective(inputs: list[torch.Tensor], a: Attrs) -> torch.Tensor:
     raise RuntimeError("collectives are evaluated across ranks by the interpreter")
+
+
+def _opaque(inputs: list[torch.Tensor], a: Attrs) -> torch.Tensor:
+    raise NotImplementedError(f"{a['target']} has no lowering to the core IR")
 
 
 OPS: dict[str, OpDef] = {}
@@ -308,6 +312,8 @@ for _op in [
     # The gradient of an embedding table: rows[ids[..]] += grad[..], over `rows` rows.
     OpDef("embedding_grad", OPAQUE, _embedding_grad_shape,
           lambda xs, a: _embedding_grad(xs[0], xs[1], a)),
+    # An op with no lowering (`target` names it): only its output's shape and dtype are known.
+    OpDef("opaque", OPAQUE, _attr_shape, _opaque),
     OpDef("all_reduce", COLLECTIVE, _same, _collective),
     OpDef("all_gather", COLLECTIVE, _attr_shape, _collective),
     OpDef("reduce_scatter", COLLECTIVE, _attr_shape, _collective),

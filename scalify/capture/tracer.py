@@ -20,7 +20,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from ..errors import CaptureError, ScalifyError
 from ..ir.graph import Graph, SourceLoc
-from .aten import lower, lowering_name, opaque
+from .aten import LOWERINGS, lower, lowering_name, opaque
 from .builder import GraphBuilder, Ref
 from .decompose import decomposition_of
 from .dtensor import has_dtensor, local_tensor, sharding_propagation_unrecorded
@@ -176,7 +176,9 @@ class _Recorder(TorchDispatchMode):
             result = lower(self.builder, name, ref_args, ref_kwargs, out)
         except (CaptureError, ValueError) as error:  # kept opaque: what depends on it is unknown
             tensors = [r for r in tree_leaves((ref_args, ref_kwargs)) if isinstance(r, Ref)]
-            result = opaque(self.builder, str(func.overloadpacket), tensors, out, str(error))
+            reason = (str(error) if name in LOWERINGS
+                      else "no lowering to the core IR and no decomposition into lowered ops")
+            result = opaque(self.builder, str(func.overloadpacket), tensors, out, reason)
         if func.namespace == "c10d":  # send/recv return a Work; recv fills its buffer
             self._bind_result(args[0][0] if name == "recv" else None, result)
         else:

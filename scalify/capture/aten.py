@@ -40,7 +40,8 @@ _PRIMS_AS_ATEN = {"add", "sub", "mul", "div", "neg", "exp", "log", "rsqrt", "sqr
                   "tanh", "abs", "reciprocal", "maximum", "minimum", "eq", "ne", "lt", "le", "gt",
                   "ge", "where", "bitwise_and", "bitwise_or", "bitwise_not", "erf", "pow", "cat",
                   "clone", "transpose", "permute", "slice", "squeeze", "view_of", "alias",
-                  "sigmoid", "select"}
+                  "sigmoid", "select", "floor", "ceil", "round", "trunc", "asin", "acos", "atan",
+                  "atan2", "fmod", "remainder"}
 
 
 def lowering_name(func: Any) -> tuple[str, bool]:
@@ -117,10 +118,12 @@ _SCALAR_FORMS = {"add": "add_scalar", "mul": "mul_scalar", "div": "div_scalar", 
                  "lt": "lt_scalar", "le": "le_scalar", "gt": "gt_scalar", "ge": "ge_scalar",
                  "eq": "eq_scalar", "ne": "ne_scalar"}
 _UNARY_NAMES = ["neg", "exp", "log", "rsqrt", "sqrt", "sin", "cos", "tanh", "sigmoid", "silu",
-                "relu", "reciprocal", "abs", "logical_not", "bitwise_not", "gelu", "erf"]
+                "relu", "reciprocal", "abs", "logical_not", "bitwise_not", "gelu", "erf", "floor",
+                "ceil", "round", "trunc", "asin", "acos", "atan"]
 
 
-_PROMOTING = {"add", "sub", "mul", "div", "pow", "maximum", "minimum", "logaddexp"}
+_PROMOTING = {"add", "sub", "mul", "div", "pow", "maximum", "minimum", "logaddexp", "atan2",
+              "fmod", "remainder"}
 
 
 def _elementwise(b: GraphBuilder, op: str, operands: list[Any], out: Any, **attrs: Any) -> Ref:
@@ -145,11 +148,16 @@ def _unary(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Re
 
 
 @lowering("add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt",
-          "ge", "bitwise_and", "bitwise_or", "logical_and", "logical_or", "rsub", "logaddexp")
+          "ge", "bitwise_and", "bitwise_or", "logical_and", "logical_or", "rsub", "logaddexp",
+          "atan2", "fmod", "remainder")
 def _binary(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
     x, y = args[0], args[1]
-    if kwargs.get("rounding_mode") is not None:
-        raise CaptureError(f"aten.{name} with rounding_mode is not supported")
+    mode = kwargs.get("rounding_mode")
+    if mode is not None:  # a float quotient rounded towards zero or down
+        if not out.dtype.is_floating_point:
+            raise CaptureError(f"aten.{name} with rounding_mode on integers is not supported")
+        quotient = _binary(b, name, [x, y], {}, out)
+        return b.emit("trunc" if mode == "trunc" else "floor", [quotient])
     alpha = kwargs.get("alpha", args[2] if len(args) > 2 else 1)
     if name == "rsub":
         x, y, name = y, x, "sub"

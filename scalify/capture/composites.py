@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from ..errors import CaptureError
 from .aten import Result, _cast_to, _dim, _dtype_name, _out_shape, _reduce, _scalar, lowering
 from .builder import GraphBuilder, Ref
@@ -109,6 +111,83 @@ def _cumsum(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> R
     summed = b.emit("matmul", [moved, upper])
     summed = b.emit("squeeze", [summed], dim=0) if len(x.shape) == 1 else summed
     return summed if dim == last else b.emit("transpose", [summed], dim0=dim, dim1=last)
+
+
+_LN2, _LN10 = 0.6931471805599453, 2.302585092994046
+
+
+@lowering("tan", "sinh", "cosh", "expm1", "log1p", "log2", "log10", "sign", "asinh", "acosh",
+          "atanh")
+def _derived_unary(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    """Elementwise functions written with the IR's own (tan = sin / cos, ...)."""
+    x = _cast_to(b, args[0], out)
+    if name == "tan":
+        return b.emit("div", [b.emit("sin", [x]), b.emit("cos", [x])])
+    if name in ("sinh", "cosh"):
+        ups, downs = b.emit("exp", [x]), b.emit("exp", [b.emit("neg", [x])])
+        return b.emit("mul_scalar", [b.emit("sub" if name == "sinh" else "add", [ups, downs])],
+                      value=0.5)
+    if name == "expm1":
+        return b.emit("add_scalar", [b.emit("exp", [x])], value=-1.0)
+    if name == "sign":
+        positive, negative = (b.emit(op, [x], "bool", value=0) for op in ("gt_scalar", "lt_scalar"))
+        return b.emit("sub", [_cast_to(b, positive, out), _cast_to(b, negative, out)])
+    if name in ("log1p", "log2", "log10"):
+        logs = b.emit("log", [b.emit("add_scalar", [x], value=1.0)] if name == "log1p" else [x])
+        return logs if name == "log1p" else b.emit(
+            "mul_scalar", [logs], value=1.0 / (_LN2 if name == "log2" else _LN10))
+    if name == "atanh":  # log((1 + x) / (1 - x)) / 2
+        ratio = b.emit("div", [b.emit("add_scalar", [x], value=1.0),
+                               b.emit("rsub_scalar", [x], value=1.0)])
+        return b.emit("mul_scalar", [b.emit("log", [ratio])], value=0.5)
+    root = b.emit("sqrt", [b.emit("add_scalar", [b.emit("mul", [x, x])],
+                                  value=1.0 if name == "asinh" else -1.0)])
+    return b.emit("log", [b.emit("add", [x, root])])  # asinh, acosh
+
+
+@lowering("bitwise_xor", "logical_xor")
+def _xor(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    """On booleans (or as truth values): `x != y`."""
+    x, y = args[0], args[1]
+    if name == "bitwise_xor" and out.dtype != torch.bool:
+        raise CaptureError("aten.bitwise_xor on integers is not supported")
+    x, y = (v if not isinstance(v, Ref) or v.dtype == "bool" else b.emit("ne_scalar", [v], "bool", value=0)
+            for v in (x, y))
+    if not isinstance(y, Ref):
+        return b.reshape(x, _out_shape(out)) if not y else b.emit("logical_not", [x])
+    return b.emit("ne", [b.broadcast(x, _out_shape(out)), b.broadcast(y, _out_shape(out))], "bool")
+
+
+@lowering("repeat")
+def _repeat(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    """Each dim repeated r times: a new outer dim expanded to r, merged into it."""
+    x, repeats = args[0], list(args[1])
+    while len(x.shape) < len(repeats):
+        x = b.emit("unsqueeze", [x], dim=0)
+    for dim, count in enumerate(repeats):
+        if count != 1:
+            size = x.shape[dim]
+            x = b.emit("expand", [b.emit("unsqueeze", [x], dim=dim)], dim=dim, size=count)
+            x = b.emit("merge", [x], dim=dim, inner=size)
+    return x
+
+
+@lowering("index_select", "flip")
+def _index_along(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    """Rows picked along one dim by an index tensor (`flip`: a descending arange per dim)."""
+    x = args[0]
+    if name == "index_select":
+        picks = [(_dim(args[1], len(x.shape)), args[2])]
+    else:
+        picks = [(_dim(d, len(x.shape)), None) for d in args[1]]
+    for dim, index in picks:
+        if index is None:
+            size = x.shape[dim]
+            index = b.emit("iota", [], "int64", shape=(size,), start=size - 1, step=-1, dtype="int64")
+        shape = x.shape[:dim] + index.shape + x.shape[dim + 1:]
+        x = b.emit("index", [x, index], x.dtype, shape=shape,
+                   none_positions=tuple(d != dim for d in range(dim + 1)))
+    return x
 
 
 # Buffers: allocated uninitialised, then written whole (copy_, fill_, zero_, a collective).

@@ -20,6 +20,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from ..errors import CaptureError, ScalifyError
 from ..ir.graph import Graph, SourceLoc
+from . import c10d
 from .aten import LOWERINGS, lower, lowering_name, opaque
 from .builder import GraphBuilder, Ref
 from .decompose import decomposition_of
@@ -163,6 +164,9 @@ class _Recorder(TorchDispatchMode):
             if result is not NotImplemented:
                 return result
         out = _run(func, args, kwargs)
+        if func.namespace == "c10d" and func.overloadpacket.__name__ in c10d.LOWERINGS:
+            self._collective(func, args, out)
+            return out
         name = lowering_name(func)[0]
         self.builder.source = self.sources.current()
         ref_args = [tree_map(self.ref, a) for a in args]
@@ -184,6 +188,21 @@ class _Recorder(TorchDispatchMode):
         else:
             self._bind_result(out, result)
         return out
+
+    def _collective(self, func: Any, args: tuple, out: Any) -> None:
+        """An in-place c10d collective: rebind the tensors it overwrites to its result (to
+        opaque values if it cannot be lowered)."""
+        self.builder.source = self.sources.current()
+        try:
+            rebinds = c10d.LOWERINGS[func.overloadpacket.__name__](self.builder, args, self.ref)
+        except (CaptureError, ValueError) as error:
+            written = c10d.overwritten(args)
+            inputs = [r for r in tree_leaves([self.ref(t) for t in tree_leaves(args)
+                                              if isinstance(t, torch.Tensor)])]
+            refs = opaque(self.builder, str(func.overloadpacket), inputs, written, str(error))
+            rebinds = list(zip(written, refs))
+        for tensor, ref in rebinds:
+            self.bind(tensor, ref)
 
     def _decompose(self, func: Any, decomposition: Callable, args: tuple, kwargs: dict) -> Any:
         """Run `decomposition` with this recorder on, so its pieces are recorded (an op it

@@ -22,6 +22,7 @@ from ..errors import CaptureError, ScalifyError
 from ..ir.graph import Graph, SourceLoc
 from . import c10d
 from .aten import LOWERINGS, lower, lowering_name, opaque
+from .as_gpu import as_gpu, capture_device
 from .builder import GraphBuilder, Ref
 from .decompose import decomposition_of
 from .dtensor import has_dtensor, local_tensor, sharding_propagation_unrecorded
@@ -278,7 +279,8 @@ def capture(module: torch.nn.Module, call: Callable[[], Any], inputs: dict[str, 
         recorder.bind(tensor, node_name)
     hooks = [register_module_forward_pre_hook(sources.enter), register_module_forward_hook(sources.leave)]
     try:
-        with torch.set_grad_enabled(grad), sharding_propagation_unrecorded(), recorder:
+        with torch.set_grad_enabled(grad), sharding_propagation_unrecorded(), \
+                as_gpu(capture_device(inputs)), recorder:
             result = call()
     except RuntimeError as error:  # raised outside the recorder's own calls, e.g. by DTensor
         raise CaptureError(f"{sources.failure(error)}: {str(error).splitlines()[0]}") from None

@@ -104,7 +104,7 @@ def numeric_agrees(report: Report) -> bool:
     """Whether the numeric cross-check, if it ran, agrees with the verdict (an unknown verdict
     claims nothing)."""
     return (report.numeric is None or report.verdict == "unknown"
-            or report.numeric["agrees"] == report.verified)
+            or report.numeric["agrees"] in (None, report.verified))
 
 
 def exit_code(report: Report) -> int:

@@ -34,7 +34,7 @@ def log_run(report: Report, tracking: TrackingSpec, nested: bool = False) -> str
     metrics = {**report.timings,
                **{k: float(v) for k, v in report.stats.items() if isinstance(v, (int, float))},
                "discrepancies": float(len(report.discrepancies))}
-    if report.numeric is not None:
+    if report.numeric is not None and report.numeric["agrees"] is not None:
         metrics["numeric_max_relative_error"] = min(report.numeric["max_relative_error"], 1e300)
     with mlflow.start_run(run_name=report.name, nested=nested) as run, \
             tempfile.TemporaryDirectory() as folder:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import torch
+
 from ..errors import CaptureError
 from .builder import GraphBuilder, LogSoftmaxParts, Ref
 
@@ -32,9 +34,43 @@ def _out_shape(out: Any) -> tuple[int, ...]:
     return tuple(out.shape)
 
 
+# Prims (reached through torch's reference decompositions) that mean what the aten op of the
+# same name means.
+_PRIMS_AS_ATEN = {"add", "sub", "mul", "div", "neg", "exp", "log", "rsqrt", "sqrt", "sin", "cos",
+                  "tanh", "abs", "reciprocal", "maximum", "minimum", "eq", "ne", "lt", "le", "gt",
+                  "ge", "where", "bitwise_and", "bitwise_or", "bitwise_not", "erf", "pow", "cat",
+                  "clone", "transpose", "permute", "slice", "squeeze", "view_of", "alias",
+                  "sigmoid", "select", "floor", "ceil", "round", "trunc", "asin", "acos", "atan",
+                  "atan2", "fmod", "remainder"}
+
+
+def lowering_name(func: Any) -> tuple[str, bool]:
+    """The LOWERINGS key of a dispatched op, and whether it writes its first argument in place
+    (`add_` lowers as `add`; prims other than plain aten twins are keyed `prims.name`)."""
+    name = func.overloadpacket.__name__
+    if func.namespace == "prims":
+        return (name if name in _PRIMS_AS_ATEN else f"prims.{name}"), False
+    inplace = name.endswith("_") and not name.startswith("_")
+    return (name.rstrip("_") if inplace else name), inplace
+
+
+def opaque(b: GraphBuilder, target: str, inputs: list[Ref], out: Any, reason: str) -> Result:
+    """An op with no lowering, kept as an `opaque` node per tensor output (shape and dtype
+    only): the verifier reports what depends on it as unknown, and the numbers cannot run it."""
+    def one(tensor: Any, index: int) -> Ref | None:
+        if not isinstance(tensor, torch.Tensor):
+            return None
+        return b.emit("opaque", inputs, _dtype_name(tensor.dtype), shape=tuple(tensor.shape),
+                      target=target, output=index, reason=reason)
+    if isinstance(out, (tuple, list)):
+        return [one(tensor, index) for index, tensor in enumerate(out)]
+    return one(out, 0)
+
+
 # Identity and aliasing: no node, the result is the input.
 @lowering("clone", "alias", "contiguous", "detach", "lift_fresh", "_wrap_tensor_autograd",
-          "wait_tensor", "lift_fresh_copy", "conj_physical", "conj", "resolve_conj")
+          "wait_tensor", "lift_fresh_copy", "conj_physical", "conj", "resolve_conj", "view_of",
+          "positive", "_conj", "resolve_neg")
 def _identity(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
     return args[0]
 
@@ -44,7 +80,7 @@ def _no_value(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) ->
     return None
 
 
-@lowering("_to_copy", "to")
+@lowering("_to_copy", "to", "prims.convert_element_type", "type_as")
 def _to_copy(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
     return _cast_to(b, args[0], out)
 
@@ -82,10 +118,12 @@ _SCALAR_FORMS = {"add": "add_scalar", "mul": "mul_scalar", "div": "div_scalar", 
                  "lt": "lt_scalar", "le": "le_scalar", "gt": "gt_scalar", "ge": "ge_scalar",
                  "eq": "eq_scalar", "ne": "ne_scalar"}
 _UNARY_NAMES = ["neg", "exp", "log", "rsqrt", "sqrt", "sin", "cos", "tanh", "sigmoid", "silu",
-                "relu", "reciprocal", "abs", "logical_not", "bitwise_not", "gelu", "erf"]
+                "relu", "reciprocal", "abs", "logical_not", "bitwise_not", "gelu", "erf", "floor",
+                "ceil", "round", "trunc", "asin", "acos", "atan"]
 
 
-_PROMOTING = {"add", "sub", "mul", "div", "pow", "maximum", "minimum", "logaddexp"}
+_PROMOTING = {"add", "sub", "mul", "div", "pow", "maximum", "minimum", "logaddexp", "atan2",
+              "fmod", "remainder"}
 
 
 def _elementwise(b: GraphBuilder, op: str, operands: list[Any], out: Any, **attrs: Any) -> Ref:
@@ -110,11 +148,16 @@ def _unary(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Re
 
 
 @lowering("add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt",
-          "ge", "bitwise_and", "bitwise_or", "logical_and", "logical_or", "rsub", "logaddexp")
+          "ge", "bitwise_and", "bitwise_or", "logical_and", "logical_or", "rsub", "logaddexp",
+          "atan2", "fmod", "remainder")
 def _binary(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
     x, y = args[0], args[1]
-    if kwargs.get("rounding_mode") is not None:
-        raise CaptureError(f"aten.{name} with rounding_mode is not supported")
+    mode = kwargs.get("rounding_mode")
+    if mode is not None:  # a float quotient rounded towards zero or down
+        if not out.dtype.is_floating_point:
+            raise CaptureError(f"aten.{name} with rounding_mode on integers is not supported")
+        quotient = _binary(b, name, [x, y], {}, out)
+        return b.emit("trunc" if mode == "trunc" else "floor", [quotient])
     alpha = kwargs.get("alpha", args[2] if len(args) > 2 else 1)
     if name == "rsub":
         x, y, name = y, x, "sub"
@@ -124,24 +167,21 @@ def _binary(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> R
         name, y = "add", -y
     if isinstance(x, Ref) and isinstance(y, Ref):
         return _elementwise(b, name, [x, y], out)
-    if isinstance(x, Ref):
-        return _elementwise(b, _SCALAR_FORMS.get(name) or _no_scalar_form(name), [x], out,
-                            value=_scalar(y))
-    if name in ("add", "mul"):
+    if isinstance(x, Ref) and name in _SCALAR_FORMS:
+        return _elementwise(b, _SCALAR_FORMS[name], [x], out, value=_scalar(y))
+    if isinstance(y, Ref) and name in ("add", "mul"):
         return _elementwise(b, f"{name}_scalar", [y], out, value=_scalar(x))
-    if name == "sub":
+    if isinstance(y, Ref) and name == "sub":
         return _elementwise(b, "rsub_scalar", [y], out, value=_scalar(x))
-    return _no_scalar_form(name)
+    # The scalar as a 0-dim tensor (`2 ** x`): of the result's type if arithmetic promotes it.
+    dtype = _dtype_name(out.dtype) if name in _PROMOTING else (x if isinstance(x, Ref) else y).dtype
+    return _elementwise(b, name, [_as_tensor(b, x, dtype), _as_tensor(b, y, dtype)], out)
 
 
 @lowering("__or__", "__and__")
 def _python_bitwise(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
     """`a | b` and `a & b` on tensors (DTensor's vocab masks use them)."""
     return _binary(b, "bitwise_or" if name == "__or__" else "bitwise_and", args, kwargs, out)
-
-
-def _no_scalar_form(name: str) -> Any:
-    raise CaptureError(f"aten.{name} with a Python scalar in this position is not supported")
 
 
 @lowering("where")
@@ -162,8 +202,8 @@ def _as_tensor(b: GraphBuilder, value: Any, dtype: str) -> Ref:
 @lowering("masked_fill")
 def _masked_fill(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
     x, mask, value = args
-    if isinstance(value, Ref):
-        raise CaptureError("aten.masked_fill with a tensor value is not supported")
+    if isinstance(value, Ref):  # a 0-dim tensor value: where(mask, value, x)
+        return _where(b, "where", [mask, value, x], {}, out)
     shape, value = _out_shape(out), _scalar(value)
     if out.dtype.is_floating_point:  # one spelling per value: 0 and 0.0 fill a float alike
         value = float(value)
@@ -262,13 +302,14 @@ def _log_softmax_backward(b: GraphBuilder, name: str, args: list, kwargs: dict, 
 @lowering("native_layer_norm")
 def _layer_norm(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
     x, normalized_shape, weight, bias, eps = args
-    if len(normalized_shape) != 1:
-        raise CaptureError("aten.native_layer_norm over more than one dim is not supported")
-    dim, n = len(x.shape) - 1, normalized_shape[0]
-    mean = b.emit("mul_scalar", [b.emit("sum", [x], dim=dim)], value=1.0 / n)
+    dims = list(range(len(x.shape) - len(normalized_shape), len(x.shape)))
+    n = 1
+    for size in normalized_shape:
+        n *= size
+    mean = b.emit("mul_scalar", [_reduce(b, "sum", x, dims, True)], value=1.0 / n)
     centered = b.emit("sub", [x, b.broadcast(mean, x.shape)])
     squared = b.emit("mul", [centered, centered])
-    variance = b.emit("mul_scalar", [b.emit("sum", [squared], dim=dim)], value=1.0 / n)
+    variance = b.emit("mul_scalar", [_reduce(b, "sum", squared, dims, True)], value=1.0 / n)
     rstd = b.emit("rsqrt", [b.emit("add_scalar", [variance], value=eps)])
     result = b.emit("mul", [centered, b.broadcast(rstd, x.shape)])
     if weight is not None:
@@ -287,10 +328,16 @@ def _mm(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Resul
 @lowering("addmm")
 def _addmm(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
     bias, x, w = args[:3]
-    if kwargs.get("beta", 1) != 1 or kwargs.get("alpha", 1) != 1:
-        raise CaptureError("aten.addmm with beta or alpha other than 1 is not supported")
+    beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
     product = b.emit("matmul", [x, w])
-    return b.emit("add", [product, b.broadcast(bias, product.shape)])
+    if alpha != 1:
+        product = b.emit("mul_scalar", [product], value=_scalar(alpha))
+    if beta == 0:
+        return product
+    bias = b.broadcast(bias, product.shape)
+    if beta != 1:
+        bias = b.emit("mul_scalar", [bias], value=_scalar(beta))
+    return b.emit("add", [product, bias])
 
 
 # Movement.
@@ -641,8 +688,12 @@ def _scattered_along(b: GraphBuilder, ref: Ref, world: int) -> tuple[Ref, int]:
 
 
 def lower(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
-    """Lower one dispatcher call; unknown ops are a CaptureError naming the op."""
+    """Lower one dispatcher call; an op without a lowering (or a variant its lowering does not
+    cover) is a CaptureError naming it."""
     fn = LOWERINGS.get(name)
     if fn is None:
         raise CaptureError(f"unsupported op aten.{name} (no lowering to the core IR)")
     return fn(b, name, args, kwargs, out)
+
+
+from . import composites  # noqa: E402,F401  (registers the lowerings spelled with several ops)

@@ -12,6 +12,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from ..errors import CaptureError
 from ..ir.graph import Graph
+from .as_gpu import as_gpu, capture_device
 from .dtensor import clear_sharding_caches
 from .tracer import capture
 
@@ -43,7 +44,8 @@ def capture_rank(factory: RankModuleFactory, rank: int, world_size: int,
     autograd on when `grad`)."""
     clear_sharding_caches()
     with fake_process_group(rank, world_size):
-        module = factory(rank)
+        with as_gpu(capture_device(inputs)):  # modules written for GPUs build on this device
+            module = factory(rank)
         return capture(module, lambda: call(module, inputs), inputs, _group_ranks, grad)
 
 

@@ -17,14 +17,16 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed._functional_collectives as funcol
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
-from torch._decomp import get_decompositions
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 
-from ..errors import CaptureError
+from ..errors import CaptureError, ScalifyError
 from ..ir.graph import Graph, SourceLoc
-from .aten import lower
+from . import c10d
+from .aten import LOWERINGS, lower, lowering_name, opaque
+from .as_gpu import as_gpu, capture_device
 from .builder import GraphBuilder, Ref
+from .decompose import decomposition_of
 from .movement import canonical_movement
 from .dtensor import has_dtensor, local_tensor, sharding_propagation_unrecorded
 
@@ -32,12 +34,6 @@ _TORCH_DIR = os.path.dirname(torch.__file__)
 _CAPTURE_DIR = os.path.dirname(__file__)
 _COLLECTIVE_GROUP_ARG = {"all_reduce": 2, "all_gather_into_tensor": 2, "reduce_scatter_tensor": 3,
                          "all_to_all_single": 3}
-_aten = torch.ops.aten
-# Backward ops recorded as the core ops torch's own decompositions spell them in.
-DECOMPOSED = get_decompositions([
-    _aten._softmax_backward_data, _aten.silu_backward,
-    _aten.gelu_backward, _aten.tanh_backward, _aten.sigmoid_backward, _aten.threshold_backward,
-    _aten.native_layer_norm_backward])
 
 
 class SourceTracker:
@@ -138,6 +134,7 @@ class _Recorder(TorchDispatchMode):
         self.sources = sources
         self.group_ranks = group_ranks
         self.refs: dict[int, tuple[torch.Tensor, Ref]] = {}
+        self._decomposing: set[Any] = set()  # ops whose decomposition is running
 
     def bind(self, tensor: torch.Tensor, ref: Ref) -> None:
         self.refs[id(tensor)] = (tensor, ref)
@@ -165,31 +162,65 @@ class _Recorder(TorchDispatchMode):
         kwargs = kwargs or {}
         if has_dtensor(types):
             return NotImplemented  # DTensor runs it; its local ops come back here
-        if func in DECOMPOSED:
-            with self:
-                return DECOMPOSED[func](*args, **kwargs)
-        try:
-            out = func(*args, **kwargs)
-        except RuntimeError as error:
-            raise CaptureError(f"{func} failed during capture: {str(error).splitlines()[0]}") from None
-        name = func.overloadpacket.__name__
-        inplace = name.endswith("_") and not name.startswith("_")
-        name = name.rstrip("_") if inplace else name
+        decomposition = decomposition_of(func) if func not in self._decomposing else None
+        if decomposition is not None:
+            result = self._decompose(func, decomposition, args, kwargs)
+            if result is not NotImplemented:
+                return result
+        out = _run(func, args, kwargs)
+        if func.namespace == "c10d" and func.overloadpacket.__name__ in c10d.LOWERINGS:
+            self._collective(func, args, out)
+            return out
+        name = lowering_name(func)[0]
         self.builder.source = self.sources.current()
         ref_args = [tree_map(self.ref, a) for a in args]
         ref_kwargs = {k: tree_map(self.ref, v) for k, v in kwargs.items()}
+        if name == "as_strided":  # a view of the input's memory: its layout matters
+            ref_kwargs["input_layout"] = (args[0].stride(), args[0].storage_offset())
         if func.namespace == "_c10d_functional" and name in _COLLECTIVE_GROUP_ARG:
             index = _COLLECTIVE_GROUP_ARG[name]
             ref_args[index] = self.group_ranks(ref_args[index])
         try:
             result = lower(self.builder, name, ref_args, ref_kwargs, out)
-        except ValueError as error:
-            raise CaptureError(f"aten.{name} at {self.builder.source}: {error}") from None
+        except (CaptureError, ValueError) as error:  # kept opaque: what depends on it is unknown
+            tensors = [r for r in tree_leaves((ref_args, ref_kwargs)) if isinstance(r, Ref)]
+            reason = (str(error) if name in LOWERINGS
+                      else "no lowering to the core IR and no decomposition into lowered ops")
+            result = opaque(self.builder, str(func.overloadpacket), tensors, out, reason)
         if func.namespace == "c10d":  # send/recv return a Work; recv fills its buffer
             self._bind_result(args[0][0] if name == "recv" else None, result)
         else:
             self._bind_result(out, result)
         return out
+
+    def _collective(self, func: Any, args: tuple, out: Any) -> None:
+        """An in-place c10d collective: rebind the tensors it overwrites to its result (to
+        opaque values if it cannot be lowered)."""
+        self.builder.source = self.sources.current()
+        try:
+            rebinds = c10d.LOWERINGS[func.overloadpacket.__name__](self.builder, args, self.ref)
+        except (CaptureError, ValueError) as error:
+            written = c10d.overwritten(args)
+            inputs = [r for r in tree_leaves([self.ref(t) for t in tree_leaves(args)
+                                              if isinstance(t, torch.Tensor)])]
+            refs = opaque(self.builder, str(func.overloadpacket), inputs, written, str(error))
+            rebinds = list(zip(written, refs))
+        for tensor, ref in rebinds:
+            self.bind(tensor, ref)
+
+    def _decompose(self, func: Any, decomposition: Callable, args: tuple, kwargs: dict) -> Any:
+        """Run `decomposition` with this recorder on, so its pieces are recorded (an op it
+        calls again is not decomposed again); NotImplemented if it refuses these arguments."""
+        self._decomposing.add(func)
+        try:
+            with self:
+                return decomposition(*args, **kwargs)
+        except ScalifyError:
+            raise
+        except Exception:  # e.g. a data-dependent decomposition on meta tensors
+            return NotImplemented
+        finally:
+            self._decomposing.discard(func)
 
     def _bind_result(self, out: Any, result: Any) -> None:
         if result is None or out is None:
@@ -213,6 +244,29 @@ def functional_collectives_waited() -> Iterator[None]:
         yield
     finally:
         funcol._are_we_tracing = traced
+
+
+def _run(func: Any, args: tuple, kwargs: dict) -> Any:
+    """`func` on the captured (meta) tensors; a 0-dim CPU tensor among them (a scalar, which
+    would mix with CUDA tensors) is moved to their device first."""
+    try:
+        return func(*args, **kwargs)
+    except RuntimeError as error:
+        devices = {t.device for t in tree_leaves((args, kwargs))
+                   if isinstance(t, torch.Tensor) and t.dim()}
+        if len(devices) == 1 and "device" in str(error):
+            device = devices.pop()
+            moved = tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) and not t.dim()
+                             and t.device != device else t, (args, kwargs))
+            return _run_once(func, *moved)
+        raise CaptureError(f"{func} failed during capture: {str(error).splitlines()[0]}") from None
+
+
+def _run_once(func: Any, args: tuple, kwargs: dict) -> Any:
+    try:
+        return func(*args, **kwargs)
+    except RuntimeError as error:
+        raise CaptureError(f"{func} failed during capture: {str(error).splitlines()[0]}") from None
 
 
 def _module_names(module: torch.nn.Module) -> dict[int, str]:
@@ -242,7 +296,7 @@ def capture(module: torch.nn.Module, call: Callable[[], Any], inputs: dict[str, 
     hooks = [register_module_forward_pre_hook(sources.enter), register_module_forward_hook(sources.leave)]
     try:
         with (torch.set_grad_enabled(grad), sharding_propagation_unrecorded(),
-              functional_collectives_waited(), recorder):
+              functional_collectives_waited(), as_gpu(capture_device(inputs)), recorder):
             result = call()
     except RuntimeError as error:  # raised outside the recorder's own calls, e.g. by DTensor
         raise CaptureError(f"{sources.failure(error)}: {str(error).splitlines()[0]}") from None

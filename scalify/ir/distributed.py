@@ -169,7 +169,7 @@ def constant_keys(graph: Graph) -> dict[str, str]:
     keys: dict[str, str] = {}
     values: dict[str, torch.Tensor | None] = {}
     for node in graph:
-        if node.op == "placeholder" or node.op in COLLECTIVES:
+        if node.op in ("placeholder", "opaque") or node.op in COLLECTIVES:
             continue
         if node.op == "add_scalar" and node.attr("value") == 0 and node.inputs[0] in keys:
             keys[node.name] = keys[node.inputs[0]]  # x + 0 (positions after no cached tokens)

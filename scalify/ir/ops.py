@@ -60,6 +60,13 @@ _UNARY: dict[str, Callable[[torch.Tensor, Attrs], torch.Tensor]] = {
     "relu": lambda x, a: torch.relu(x),
     "gelu": lambda x, a: F.gelu(x, approximate=a.get("approximate", "none")),
     "erf": lambda x, a: torch.erf(x),
+    "floor": lambda x, a: torch.floor(x),
+    "ceil": lambda x, a: torch.ceil(x),
+    "round": lambda x, a: torch.round(x),
+    "trunc": lambda x, a: torch.trunc(x),
+    "asin": lambda x, a: torch.asin(x),
+    "acos": lambda x, a: torch.acos(x),
+    "atan": lambda x, a: torch.atan(x),
     "reciprocal": lambda x, a: torch.reciprocal(x),
     "abs": lambda x, a: torch.abs(x),
     "logical_not": lambda x, a: torch.logical_not(x),
@@ -87,6 +94,9 @@ _BINARY: dict[str, Callable[[torch.Tensor, torch.Tensor, Attrs], torch.Tensor]] 
     "maximum": lambda x, y, a: torch.maximum(x, y),
     "minimum": lambda x, y, a: torch.minimum(x, y),
     "logaddexp": lambda x, y, a: torch.logaddexp(x, y),
+    "atan2": lambda x, y, a: torch.atan2(x, y),
+    "fmod": lambda x, y, a: torch.fmod(x, y),
+    "remainder": lambda x, y, a: torch.remainder(x, y),
     "eq": lambda x, y, a: x == y,
     "ne": lambda x, y, a: x != y,
     "lt": lambda x, y, a: x < y,
@@ -249,11 +259,15 @@ def _iota(a: Attrs) -> torch.Tensor:
 
 def _index(inputs: list[torch.Tensor], a: Attrs) -> torch.Tensor:
     source, indices = inputs[0], iter(inputs[1:])
-    return source[tuple(None if is_none else next(indices) for is_none in a["none_positions"])]
+    return source[tuple(slice(None) if is_none else next(indices) for is_none in a["none_positions"])]
 
 
 def _collective(inputs: list[torch.Tensor], a: Attrs) -> torch.Tensor:
     raise RuntimeError("collectives are evaluated across ranks by the interpreter")
+
+
+def _opaque(inputs: list[torch.Tensor], a: Attrs) -> torch.Tensor:
+    raise NotImplementedError(f"{a['target']} has no lowering to the core IR")
 
 
 OPS: dict[str, OpDef] = {}
@@ -308,6 +322,8 @@ for _op in [
     # The gradient of an embedding table: rows[ids[..]] += grad[..], over `rows` rows.
     OpDef("embedding_grad", OPAQUE, _embedding_grad_shape,
           lambda xs, a: _embedding_grad(xs[0], xs[1], a)),
+    # An op with no lowering (`target` names it): only its output's shape and dtype are known.
+    OpDef("opaque", OPAQUE, _attr_shape, _opaque),
     OpDef("all_reduce", COLLECTIVE, _same, _collective),
     OpDef("all_gather", COLLECTIVE, _attr_shape, _collective),
     OpDef("reduce_scatter", COLLECTIVE, _attr_shape, _collective),

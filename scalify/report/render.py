@@ -48,6 +48,8 @@ def print_summary(report: Report, console: Console) -> None:
 
 
 def _numeric_summary(numeric: dict) -> str:
+    if numeric["agrees"] is None:
+        return f"numeric cross-check: {numeric['skipped']}"
     agrees = "agrees" if numeric["agrees"] else "DIFFERS"
     return f"numeric cross-check: max relative error {numeric['max_relative_error']:.3g} ({agrees})"
 

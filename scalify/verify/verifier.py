@@ -24,6 +24,7 @@ from ..rules.terms import App, is_relational, leaves, op_key, parse, render
 from .congruence import broadcast_term, rank_concat_relation, replicated_twins
 from .custom import custom_output_terms, custom_relation, family_custom_relation
 from .encode import encode
+from .opaque import opaque_dependents, unknown_reason
 from .relations import (Relation, Shape, describe, expected_output, family_relation,
                         from_placement, leaf, output_holders, stage_relation)
 from .segments import SegmentKey, segment_key
@@ -113,6 +114,7 @@ class Verifier:
         for name, term in self.dist_const.items():
             self.const_nodes.setdefault(term, set()).add(name)
         self.ref_const = constant_terms(ref)
+        self.dist_opaque = opaque_dependents(dist.graph)  # rank values nothing is known about
         self.region = {n.name: region_of(n.source.module) for n in dist.graph}
         self.labels = {n.name: _label(n, "every rank" if dist.symbolic else
                                       f"rank {dist.rank_of(n.name)}") for n in dist.graph}
@@ -212,6 +214,9 @@ class Verifier:
                result: Verification) -> None:
         if node.op == "placeholder":
             relations[node.name] = self._input_relation(node, self.placements)
+        elif node.op == "opaque":
+            relations[node.name] = None
+            result.unknown.append(unknown_reason(self.ref, node))
         elif node.name in self.ref_const:
             relations[node.name] = Relation(self.ref_const[node.name])
         elif any(relations[i] is None for i in node.inputs):
@@ -336,7 +341,10 @@ class Verifier:
                                                                narrowest or window)
             return Relation(outcome.term, pending=runs[0].pending if runs else node.name,
                             fused=fused)
-        if runs:
+        if self.dist_opaque.intersection(narrowest or window):
+            result.unknown.append(f"{node.op} at {node.source}: the ranks compute it from ops "
+                                  "with no lowering to the core IR")
+        elif runs:
             self._fail_run(runs[0].pending, node, result)
         else:
             result.discrepancies.append(self._discrepancy(node, inputs, term, narrowest or window))
@@ -375,8 +383,7 @@ class Verifier:
         if self.dist.symbolic:  # each relation equals the reference value on every rank
             lines += [f"(inv {term})" for r in inputs for term in _relational_parts(r.term)]
             lines.append(f"(set (world) {self.dist.world_size})")
-        for name in defined:
-            lines.append(f"(union {leaf(name)} {self._definition(name)})")
+        lines += self._definitions(defined)
         lines += self._sizes(lines)
         keys = {op_key(n.op, dict(n.attrs)) for n in [node, *(self.dist.graph[d] for d in defined)]
                 if n.op in LINEAR_UNARY_OPS}
@@ -443,12 +450,18 @@ class Verifier:
         for arg in self.dist.graph[name].inputs:
             node = self.dist.graph[arg]
             if (arg in defined or arg in known or arg in self.dist_const
-                    or node.op == "placeholder" or self.region[arg] != region
+                    or node.op in ("placeholder", "opaque") or self.region[arg] != region
                     and not (across and OPS[node.op].trait == MOVEMENT)):
                 continue
             defined.add(arg)
             found.append(arg)
         return found
+
+    def _definitions(self, names: list[str]) -> list[str]:
+        """A union of each rank tensor with its definition; opaque ones stay undefined (free
+        values, about which nothing is known)."""
+        return [f"(union {leaf(name)} {self._definition(name)})" for name in names
+                if self.dist.graph[name].op != "opaque"]
 
     def _definition(self, name: str) -> str:
         node = self.dist.graph[name]
@@ -486,7 +499,7 @@ class Verifier:
                                               region)
             lines = ([f"(let $y {relation.term})", f"(inv {relation.term})"] +
                      [f"(union {t} {leaf(n)})" for t, n in relation.facts()] +
-                     [f"(union {leaf(n)} {self._definition(n)})" for n in defined])
+                     self._definitions(defined))
             program = "\n".join(lines + self._sizes(lines + expected))
             try:
                 holds = self.session.holds(program, expected)
@@ -494,7 +507,10 @@ class Verifier:
                 result.unknown.append(f"output {position} ({placement}): its check gave no "
                                       f"answer, {limit}")
                 continue
-            if not holds:
+            if not holds and self.dist_opaque.intersection(rank_outputs):
+                result.unknown.append(f"output {position} ({placement}): the ranks compute it "
+                                      "from ops with no lowering to the core IR")
+            elif not holds:
                 result.discrepancies.append(self._output_discrepancy(
                     self.ref[output], relation, placement, rank_outputs))
 

@@ -1,0 +1,33 @@
+"""Ops the capture could not lower (`opaque` nodes): what depends on them, and how to say so.
+
+Nothing is known about an opaque value, so no relation through it is proven or refuted: the
+verdict of everything that depends on it is unknown, never verified.
+"""
+from __future__ import annotations
+
+from ..ir.graph import Graph, Node
+
+
+def opaque_dependents(graph: Graph) -> set[str]:
+    """The names of the opaque nodes and of every node that depends on one."""
+    found: set[str] = set()
+    for node in graph:
+        if node.op == "opaque" or found.intersection(node.inputs):
+            found.add(node.name)
+    return found
+
+
+def unknown_reason(graph: Graph, node: Node) -> str:
+    """The report line for opaque node `node` of the reference `graph`."""
+    found = {node.name}
+    for other in graph:
+        if found.intersection(other.inputs):
+            found.add(other.name)
+    return (f"{node.attr('target')} at {node.source}: {node.attr('reason')}; the "
+            f"{len(found) - 1} op(s) depending on it are unknown")
+
+
+def opaque_targets(*graphs: Graph) -> list[str]:
+    """The ops (`aten.name at file:line`) of `graphs` that are opaque, in order, once each."""
+    return list(dict.fromkeys(f"{node.attr('target')} at {node.source}" for graph in graphs
+                              for node in graph if node.op == "opaque"))

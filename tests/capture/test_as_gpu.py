@@ -1,0 +1,89 @@
+"""Code written for GPUs captures on a CPU machine: CUDA devices, RNG state, streams, events
+and NVTX calls work during capture, and CUDA tensors land on the capture device."""
+import contextlib
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+import scalify
+from scalify import Replicate, Shard
+from scalify.capture.as_gpu import as_gpu
+
+HIDDEN, FFN, TOKENS = 8, 16, 4
+
+
+class RngTracker:
+    """Megatron-Core's CudaRNGStatesTracker.fork, as `tensor_parallel/random.py` writes it."""
+
+    def __init__(self) -> None:
+        torch.cuda.manual_seed(1234)
+        self.states = {"model-parallel-rng": torch.cuda.get_rng_state()}
+
+    @contextlib.contextmanager
+    def fork(self, name: str = "model-parallel-rng"):
+        orig = torch.cuda.get_rng_state()
+        self._set_state(self.states[name])
+        try:
+            yield
+        finally:
+            self.states[name] = torch.cuda.default_generators[torch.cuda.current_device()].get_state()
+            self._set_state(orig)
+
+    @staticmethod
+    def _set_state(state: torch.Tensor) -> None:
+        def callback():
+            torch.cuda.default_generators[torch.cuda.current_device()].set_state(state)
+        torch.cuda._lazy_call(callback)
+
+
+class GpuStyleMLP(nn.Module):
+    """Allocates on `torch.cuda.current_device()`, moves with `.cuda()`, runs in a stream and an
+    RNG fork; the ranks all-reduce through a buffer allocated on the GPU."""
+
+    def __init__(self, ffn: int = FFN) -> None:
+        super().__init__()
+        assert torch.cuda.is_available() and torch.cuda.device_count() >= 1
+        self.up = nn.Linear(HIDDEN, ffn, bias=False, device=torch.cuda.current_device())
+        self.down = nn.Linear(ffn, HIDDEN, bias=False, device="cuda")
+        self.tracker = RngTracker()
+
+    def forward(self, x):
+        x = x.cuda()
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream), self.tracker.fork():
+            torch.cuda.nvtx.range_push("mlp")
+            y = self.down(F.gelu(self.up(x.to("cuda"))))
+            torch.cuda.nvtx.range_pop()
+        torch.cuda.current_stream().wait_stream(stream)
+        event = torch.cuda.Event()
+        event.record()
+        event.synchronize()
+        if dist.is_initialized():
+            buffer = torch.empty(y.shape, device=torch.cuda.current_device(), dtype=y.dtype)
+            buffer.copy_(y)
+            dist.all_reduce(buffer)
+            y = buffer
+        torch.cuda.synchronize()
+        return y.to(torch.device("cuda", 0))
+
+
+def test_gpu_style_module_verifies():
+    with torch.device("meta"), as_gpu("meta"):
+        reference = GpuStyleMLP()
+    report = scalify.verify_modules(
+        reference, lambda rank: GpuStyleMLP(FFN // 2), 2,
+        {"x": torch.empty(TOKENS, HIDDEN, device="meta")},
+        {"up.weight": Shard(0), "down.weight": Shard(1)}, output_placements=[Replicate()],
+        numeric=True)
+    assert report.verified and report.numeric["agrees"]
+
+
+def test_patches_are_restored():
+    available = torch.cuda.is_available()
+    with as_gpu("meta"):
+        assert torch.cuda.is_available() and torch.empty(2, device="cuda").is_meta
+        assert torch.zeros(2, device=0).is_meta and torch.ones(1).cuda().is_meta
+    assert torch.cuda.is_available() == available
+    assert not hasattr(torch.cuda, "default_generators") or torch.cuda.default_generators == ()

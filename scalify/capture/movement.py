@@ -1,11 +1,13 @@
-"""Chains of reshapes and transposes in one canonical form, whatever way the code wrote them.
+"""Chains of reshapes and transposes that keep element order, in one canonical form.
 
-A view, `einsum`'s unit-dim shuffles, `transpose(...).contiguous().view(...)` and a round trip
-of transposes are all data movement that keeps every element: the chain's net effect is a
-permutation of the factors (atoms) its root's dims are cut into. Each such chain is rewritten
-from its root as: a reshape into the atoms, one permutation, a reshape into the result's shape
-(only the reshape when the atoms stay in order, nothing when the chain is the identity). Two
-programs that move data alike then hold the same nodes, however each spelled it.
+A view, `einsum`'s shuffles of unit dims, `unsqueeze(...).transpose(...)` of a unit dim and a
+round trip of transposes are all reshapes: every element stays in its place in row-major order.
+Such a chain is rewritten from its root as one canonical reshape where that is shorter than the
+code's own chain, so two programs that reshape alike hold the same nodes, however each spelled
+it. Whether a chain keeps order is read by tracking the atoms (factors of the root's dims) each
+dim holds. A chain that permutes elements keeps its spelling (rules relate it), unless it moves
+dims by swapping them with unit dims as `einsum` does: then it becomes a reshape into the atoms, one
+permutation and a reshape.
 """
 from __future__ import annotations
 
@@ -99,14 +101,20 @@ class Atoms:
 
         return Atoms(self.root, cut(self.order), sizes, tuple(cut(d) for d in self.dims))
 
+    def in_order(self) -> bool:
+        """Whether the chain keeps every element in the root's order: a reshape, however
+        written (a permutation of unit dims, a round trip)."""
+        return self.permutation() == sorted(self.permutation())
+
     def permutation(self) -> list[int]:
         """Where each atom of the result sits in the root's order."""
         return [self.order.index(a) for dim in self.dims for a in dim]
 
 
 def canonical_movement(graph: Graph) -> Graph:
-    """`graph` with every chain of reordering ops written in canonical form from its root,
-    where that form is shorter than the chain (a chain already as short keeps its spelling)."""
+    """`graph` with every chain of reordering ops that keeps element order (or swaps unit dims
+    with others) written in canonical form from its root, where that is shorter than the
+    chain; other chains keep their spelling."""
     prefix = "~m"  # fresh node names, also when the graph was canonicalised before
     while any(node.name.startswith(prefix) for node in graph):
         prefix += "~"
@@ -115,7 +123,9 @@ def canonical_movement(graph: Graph) -> Graph:
     result.outputs = list(graph.outputs)
     alias: dict[str, str] = {}
     states: dict[str, Atoms] = {}
-    steps: dict[str, int] = {}  # reordering ops from the chain's root, as the code wrote them
+    # Reordering ops from the chain's root as the code wrote them, and whether one swapped a
+    # unit dim with another (einsum's way of moving dims).
+    steps: dict[str, tuple[int, bool]] = {}
     for node in graph:
         inputs = tuple(alias.get(i, i) for i in node.inputs)
         if node.op not in REORDERING:
@@ -123,28 +133,35 @@ def canonical_movement(graph: Graph) -> Graph:
                             node.source))
             continue
         state = (states.get(node.inputs[0]) or Atoms.of(result[inputs[0]])).after(node)
-        steps[node.name] = steps.get(node.inputs[0], 0) + 1
+        count, unit = steps.get(node.inputs[0], (0, False))
+        steps[node.name] = count + 1, unit or _swaps_unit_dim(node)
         if state is not None:
             states[node.name] = state
+        if state is not None and (state.in_order() or steps[node.name][1]):
             before = len(result)
             builder.source = node.source
             canonical = _emit(builder, result[state.root], state, node).name
-            if len(result) - before < steps[node.name]:  # shorter than the code's own chain
+            if len(result) - before < steps[node.name][0]:  # shorter than the code's own chain
                 alias[node.name] = canonical
                 continue
         moved = result.add(Node(node.name, node.op, inputs, node.attrs, node.shape, node.dtype,
                                 node.source))
         if state is None:  # a cut across atoms: the chain restarts here
-            states[node.name], steps[node.name] = Atoms.of(moved), 0
+            states[node.name], steps[node.name] = Atoms.of(moved), (0, False)
     result.outputs = [alias.get(o, o) for o in graph.outputs]
     return result.pruned()
 
 
+def _swaps_unit_dim(node: Node) -> bool:
+    return node.op == "transpose" and 1 in (node.shape[node.attr("dim0")],
+                                            node.shape[node.attr("dim1")])
+
+
 def _emit(builder: GraphBuilder, root: Node, state: Atoms, node: Node) -> Ref:
-    """The canonical nodes for `node`, a chain from `root` in `state`."""
+    """`node`, a chain from `root` in `state`: one reshape, or a reshape into the atoms, one
+    permutation and a reshape into `node`'s shape."""
     ref = Ref(root.name, root.shape, root.dtype)
-    permutation = state.permutation()
-    if permutation != sorted(permutation):
+    if not state.in_order():
         ref = builder.reshape(ref, tuple(state.size(a) for a in state.order))
-        ref = builder.permute(ref, permutation)
+        ref = builder.permute(ref, state.permutation())
     return builder.reshape(ref, node.shape)

@@ -20,7 +20,7 @@ from ..ir.ops import MOVEMENT, OPS
 from ..placements import Custom, Placement, Replicate, Stage
 from ..report.model import Discrepancy
 from ..rules.families import LINEAR_UNARY_OPS
-from ..rules.terms import App, is_relational, leaves, op_key, parse, render
+from ..rules.terms import App, Term, is_relational, leaves, op_key, parse, render
 from .congruence import broadcast_term, rank_concat_relation, replicated_twins
 from .custom import custom_output_terms, custom_relation, family_custom_relation
 from .encode import encode
@@ -32,6 +32,10 @@ from .session import EgglogSession, NoAnswer, WindowLimits
 from .store import MemoStore, ProofStore
 
 _LAYER = re.compile(r"^(.*?\.\d+)(\.|$)")
+# Ops that only move data (a gather too): a window's depth does not count them, so a relation
+# carried as movement of rank tensors (a reshape, a slice) still reaches the ranks' next op.
+_MOVES_DATA = frozenset(name for name, op in OPS.items() if op.trait == MOVEMENT) | {
+    "all_gather", "all_to_all"}
 _LEAF_NAME = re.compile(r'\(dist "([^"]+)"\)')
 
 
@@ -44,7 +48,7 @@ def region_of(module: str) -> str:
 @dataclass
 class VerifyOptions:
     window_depth: int = 4
-    max_window_nodes: int = 256
+    max_window_nodes: int = 512
     backward_depth: int = 3
     iterations: int = 12  # plus 4 per rank: nested concats unfold one level per iteration
     fused_ops: int = 0  # reference ops in a row the ranks may compute without holding them
@@ -320,10 +324,15 @@ class Verifier:
                 return None
             term = parse(outcome.term)
             if is_relational(term):
-                related = outcome
-                if not (replicated and depth < deeper and self._fewer_replicas(outcome.same, inputs)):
+                if related is None or _reshapes(term) < _reshapes(parse(related.term)):
+                    related = outcome
+                ahead = OPS[node.op].trait == MOVEMENT and _reshapes(term) > 0
+                if not (depth < deeper and (ahead or replicated and self._fewer_replicas(
+                        outcome.same, inputs))):
                     break
-                if deeper not in depths:  # some rank's copy lies further downstream
+                # Some rank's copy lies further downstream, or the ranks may hold this
+                # reshape themselves past the window (not only the reshape of what they hold).
+                if deeper not in depths:
                     depths.append(deeper)
         if related is not None:
             outcome, term = related, parse(related.term)
@@ -418,8 +427,9 @@ class Verifier:
             for user in self.users[name]:
                 if user in depth or user in self.dist_const or self.region[user] != region:
                     continue
-                depth[user] = depth[name] + 1
-                queue.append(user)
+                moves = self.dist.graph[user].op in _MOVES_DATA  # free: windows look through
+                depth[user] = depth[name] + (not moves)
+                (queue.appendleft if moves else queue.append)(user)
         window = sorted((n for n in depth if n not in start), key=self.dist.order.get)
         return window[:self.options.max_window_nodes]
 
@@ -638,6 +648,13 @@ class Verifier:
             hint=f"the output relates to the ranks as {describe(term, self.labels)}, not as "
                  f"{placement}: check the last collective before the output",
             nearby=[self.dist.graph[n].source for n in rank_outputs[:1]])
+
+
+def _reshapes(term: Term) -> int:
+    """How many reshapes and transposes a relation applies to rank tensors."""
+    if not isinstance(term, App):
+        return 0
+    return (term.head in ("merge", "split", "transpose")) + sum(_reshapes(a) for a in term.args)
 
 
 def _inherited(inputs: list[Relation], mentioned: set[str]) -> tuple[tuple[str, str], ...]:

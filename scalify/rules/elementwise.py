@@ -64,6 +64,23 @@ def _reshape_rules() -> list[Rule]:
              "(merge (binary f x y) d i)",
              lambda gen, c: {"x": merged(gen), "y": merged(gen), "d": 1, "i": 2, **c},
              families={"f": BINARY_KEYS}),
+        # A broadcast beside merged rows is the merge of a broadcast over the unmerged dims.
+        Rule("binary-over-merge-and-broadcast", "(binary f (merge x d i) (expand z d n))",
+             "(merge (binary f x (expand (expand (unsqueeze z d) d (/ n i)) (+ d 1) i)) d i)",
+             lambda gen, c: {"x": merged(gen), "z": tensor(gen, 3, 1, 5), "d": 1, "i": 2, "n": 8,
+                             **c},
+             when=("(= (dimsize z d) 1)", "(> i 0)"), families={"f": BINARY_KEYS}),
+        Rule("binary-over-broadcast-and-merge", "(binary f (expand z d n) (merge x d i))",
+             "(merge (binary f (expand (expand (unsqueeze z d) d (/ n i)) (+ d 1) i) x) d i)",
+             lambda gen, c: {"x": merged(gen), "z": tensor(gen, 3, 1, 5), "d": 1, "i": 2, "n": 8,
+                             **c},
+             when=("(= (dimsize z d) 1)", "(> i 0)"), families={"f": BINARY_KEYS}),
+        Rule("unary-over-transpose", "(unary f (transpose x d e))", "(transpose (unary f x) d e)",
+             lambda gen, c: {"x": merged(gen), "d": 0, "e": 2, **c}, families={"f": UNARY_KEYS}),
+        Rule("binary-over-transposes", "(binary f (transpose x d e) (transpose y d e))",
+             "(transpose (binary f x y) d e)",
+             lambda gen, c: {"x": merged(gen), "y": merged(gen), "d": 0, "e": 2, **c},
+             families={"f": BINARY_KEYS}),
     ]
 
 

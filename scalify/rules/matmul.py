@@ -55,8 +55,27 @@ def _sliced(gen, choice):
             "y": tensor(gen, B, K, N), "v": tensor(gen, B, M + 3, K), "r": RANK}
 
 
+def _rows(gen, choice):
+    """Activations `a` [P, Q, K] whose rows a 2-D product merges, and a weight `y` [K, N]."""
+    return {"a": tensor(gen, 4, 3, K), "y": tensor(gen, K, N), "i": 3, "n": 4, "m": 3}
+
+
+def _row_rules() -> list[Rule]:
+    """A product on merged rows is the batched product on the unmerged activations (the same
+    weight for every batch), so row layouts ([b, s] or [s, b], whole or sharded) meet."""
+    return [
+        Rule("matmul-merged-rows", "(matmul (merge a 0 i) y 2)",
+             "(merge (matmul a (expand (unsqueeze y 0) 0 n) 3) 0 i)", _rows,
+             when=("(= n (dimsize a 0))",)),
+        Rule("matmul-transposed-rows", "(matmul (transpose a 0 1) (expand (unsqueeze y 0) 0 m) 3)",
+             "(transpose (matmul a (expand (unsqueeze y 0) 0 n) 3) 0 1)", _rows,
+             when=("(= n (dimsize a 0))", "(= m (dimsize a 1))")),
+    ]
+
+
 def rules() -> list[Rule]:
     return [
+        *_row_rules(),
         Rule("matmul-batch-aligned", "(matmul (concat a b d na nb) (concat x y d na nb) r)",
              "(concat (matmul a x r) (matmul b y r) d na nb)", _aligned(0, 0, 1),
              when=("(< d (- r 2))",)),

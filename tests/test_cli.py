@@ -2,12 +2,7 @@
 import json
 
 import pytest
-import torch
-from torch import nn
-
-import scalify
 from scalify.cli import main
-from scalify.errors import CaptureError
 
 
 def test_verified_config_exits_zero_and_writes_reports(tmp_path):
@@ -41,12 +36,3 @@ def test_bad_config_is_one_line_and_exit_two(tmp_path, capsys, text, fragment, f
     assert fragment in error and file in error and "\n" not in error
 
 
-class _Cumulative(nn.Module):
-    def forward(self, x):
-        return torch.cumsum(x, 0)
-
-
-def test_unknown_op_is_a_capture_error_naming_it():
-    x = torch.empty(4, 3, device="meta")
-    with pytest.raises(CaptureError, match="aten.cumsum"):
-        scalify.verify_modules(_Cumulative(), lambda rank: _Cumulative(), 2, {"x": x})

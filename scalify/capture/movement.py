@@ -128,7 +128,7 @@ def canonical_movement(graph: Graph) -> Graph:
     steps: dict[str, tuple[int, bool]] = {}
     for node in graph:
         inputs = tuple(alias.get(i, i) for i in node.inputs)
-        if node.op not in REORDERING:
+        if node.op not in REORDERING or 0 in node.shape:  # (an empty tensor has no order)
             result.add(Node(node.name, node.op, inputs, node.attrs, node.shape, node.dtype,
                             node.source))
             continue

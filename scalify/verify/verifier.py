@@ -608,10 +608,11 @@ class Verifier:
         found = []
         for name in window:
             node = self.dist.graph[name]
-            if node.op == "slice":
-                cut = (node.inputs[0], node.attr("dim"), node.attr("end") - node.attr("start"))
+            start, end = node.attr("start"), node.attr("end")
+            if node.op == "slice" and isinstance(start, int) and isinstance(end, int):
+                cut = (node.inputs[0], node.attr("dim"), end - start)
                 starts = {start for *where, start in read if tuple(where) == cut}
-                if starts and node.attr("start") not in starts:
+                if starts and start not in starts:
                     found.append(name)
         return found
 

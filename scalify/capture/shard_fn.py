@@ -177,12 +177,14 @@ def _read_along(indexed: _Indexed, rank: int, local: str, value: torch.Tensor, d
 
 
 def infer_placements(shard_fn: ShardFn, reference_state: dict[str, torch.Tensor],
-                     world_size: int) -> dict[str, Placement]:
+                     world_size: int, unmapped: set[str] = frozenset()) -> dict[str, Placement]:
     """Each reference tensor's placement, read from what `shard_fn` gives every rank.
 
     `reference_state` maps names to tensors of the reference's shapes (meta is fine: only
     shapes are read). Raises ShapeError when a reference tensor is not tiled by the ranks'
-    pieces (the message names it and the gap) or a rank tensor is not made of slices.
+    pieces (the message names it and the gap) or a rank tensor is not made of slices; a
+    tensor named in `unmapped` (a buffer the ranks build themselves, such as a rotary table)
+    that the function gives no rank keeps the default, Replicate.
     """
     indexed = _Indexed.of(reference_state)
     found: dict[str, list[_Found]] = {name: [] for name in indexed.names}
@@ -201,7 +203,8 @@ def infer_placements(shard_fn: ShardFn, reference_state: dict[str, torch.Tensor]
             for item in _read(indexed, rank, local, value, origin):
                 found[item.ref].append(item)
     return {name: _placement(name, shape, found[name], local_shapes, world_size)
-            for name, shape in zip(indexed.names, indexed.shapes)}
+            for name, shape in zip(indexed.names, indexed.shapes)
+            if found[name] or name not in unmapped}
 
 
 def stated_placements(reference: torch.nn.Module, world_size: int,
@@ -210,9 +213,11 @@ def stated_placements(reference: torch.nn.Module, world_size: int,
     """The parameters' placements: `param_placements` over those `shard_fn` implies."""
     if shard_fn is None:
         return dict(param_placements or {})
-    state = {**dict(reference.named_parameters(remove_duplicate=False)),
-             **dict(reference.named_buffers())}
-    return {**infer_placements(shard_fn, state, world_size), **(param_placements or {})}
+    parameters = dict(reference.named_parameters(remove_duplicate=False))
+    buffers = dict(reference.named_buffers())
+    placements = infer_placements(shard_fn, {**parameters, **buffers}, world_size,
+                                  unmapped=set(buffers) - set(parameters))
+    return {**placements, **(param_placements or {})}
 
 
 def _defined_at(shard_fn: Callable) -> str:

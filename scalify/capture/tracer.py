@@ -32,6 +32,7 @@ from .dtensor import has_dtensor, local_tensor, sharding_propagation_unrecorded
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _CAPTURE_DIR = os.path.dirname(__file__)
+_POINT_TO_POINT = ("send", "recv_")  # lowered in aten.py; every other c10d op is a collective
 _COLLECTIVE_GROUP_ARG = {"all_reduce": 2, "all_gather_into_tensor": 2, "reduce_scatter_tensor": 3,
                          "all_to_all_single": 3}
 
@@ -168,7 +169,7 @@ class _Recorder(TorchDispatchMode):
             if result is not NotImplemented:
                 return result
         out = _run(func, args, kwargs)
-        if func.namespace == "c10d" and func.overloadpacket.__name__ in c10d.LOWERINGS:
+        if func.namespace == "c10d" and func.overloadpacket.__name__ not in _POINT_TO_POINT:
             self._collective(func, args, out)
             return out
         name = lowering_name(func)[0]
@@ -198,7 +199,10 @@ class _Recorder(TorchDispatchMode):
         opaque values if it cannot be lowered)."""
         self.builder.source = self.sources.current()
         try:
-            rebinds = c10d.LOWERINGS[func.overloadpacket.__name__](self.builder, args, self.ref)
+            lowering = c10d.LOWERINGS.get(func.overloadpacket.__name__)
+            if lowering is None:
+                raise CaptureError(f"c10d.{func.overloadpacket.__name__} is not supported")
+            rebinds = lowering(self.builder, args, self.ref)
         except (CaptureError, ValueError) as error:
             written = c10d.overwritten(args)
             inputs = [r for r in tree_leaves([self.ref(t) for t in tree_leaves(args)

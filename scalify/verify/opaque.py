@@ -27,6 +27,20 @@ def unknown_reason(graph: Graph, node: Node) -> str:
             f"{len(found) - 1} op(s) depending on it are unknown")
 
 
+def opaque_sources(graph: Graph, names: set[str]) -> str:
+    """The opaque ops (`target at file:line`) the nodes `names` depend on, for a report line."""
+    found, stack, seen = [], sorted(names), set()
+    while stack:
+        node = graph[stack.pop()]
+        if node.name in seen:
+            continue
+        seen.add(node.name)
+        if node.op == "opaque":
+            found.append(f"{node.attr('target')} at {node.source}")
+        stack.extend(node.inputs)
+    return ", ".join(sorted(set(found)))
+
+
 def opaque_targets(*graphs: Graph) -> list[str]:
     """The ops (`aten.name at file:line`) of `graphs` that are opaque, in order, once each."""
     return list(dict.fromkeys(f"{node.attr('target')} at {node.source}" for graph in graphs

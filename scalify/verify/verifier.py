@@ -24,7 +24,7 @@ from ..rules.terms import App, Term, is_relational, leaves, op_key, parse, rende
 from .congruence import broadcast_term, rank_concat_relation, replicated_twins
 from .custom import custom_output_terms, custom_relation, family_custom_relation
 from .encode import encode
-from .opaque import opaque_dependents, unknown_reason
+from .opaque import opaque_dependents, opaque_sources, unknown_reason
 from .relations import (Relation, Shape, describe, expected_output, family_relation,
                         from_placement, leaf, output_holders, stage_relation)
 from .segments import SegmentKey, segment_key
@@ -350,9 +350,11 @@ class Verifier:
                                                                narrowest or window)
             return Relation(outcome.term, pending=runs[0].pending if runs else node.name,
                             fused=fused)
-        if self.dist_opaque.intersection(narrowest or window):
+        opaque = self.dist_opaque.intersection(narrowest or window)
+        if opaque:
             result.unknown.append(f"{node.op} at {node.source}: the ranks compute it from ops "
-                                  "with no lowering to the core IR")
+                                  "with no lowering to the core IR "
+                                  f"({opaque_sources(self.dist.graph, opaque)})")
         elif runs:
             self._fail_run(runs[0].pending, node, result)
         else:
@@ -517,9 +519,11 @@ class Verifier:
                 result.unknown.append(f"output {position} ({placement}): its check gave no "
                                       f"answer, {limit}")
                 continue
-            if not holds and self.dist_opaque.intersection(rank_outputs):
+            opaque = self.dist_opaque.intersection(rank_outputs)
+            if not holds and opaque:
                 result.unknown.append(f"output {position} ({placement}): the ranks compute it "
-                                      "from ops with no lowering to the core IR")
+                                      "from ops with no lowering to the core IR "
+                                      f"({opaque_sources(self.dist.graph, opaque)})")
             elif not holds:
                 result.discrepancies.append(self._output_discrepancy(
                     self.ref[output], relation, placement, rank_outputs))

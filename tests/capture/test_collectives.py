@@ -170,3 +170,19 @@ def test_collective_style_verifies(style):
 def test_broken_twin_is_a_discrepancy(style):
     report = _verify(style, broken=True)
     assert report.verdict == "discrepancy" and not report.numeric["agrees"]
+
+
+class _Scattered(nn.Module):
+    """Rank r keeps block r of rank 0's input (`dist.scatter`, which has no lowering)."""
+
+    def forward(self, x):  # called with the rank's whole x, as `arg0`
+        out = torch.empty_like(x.chunk(2)[0])
+        dist.scatter(out, list(x.chunk(2)) if dist.get_rank() == 0 else None, src=0)
+        return out
+
+
+def test_a_collective_with_no_lowering_is_unknown_not_a_crash():
+    report = scalify.verify_modules(
+        nn.Identity(), lambda rank: _Scattered(), 2, (torch.empty(TOKENS, HIDDEN, device="meta"),),
+        output_placements=[Shard(0)])
+    assert report.verdict == "unknown" and any("scatter" in reason for reason in report.unknown)

@@ -62,6 +62,16 @@ def test_a_gap_names_the_parameter_and_the_rows_no_rank_holds():
         infer_placements(shard, {"w": torch.empty(8, 2, device="meta")}, 2)
 
 
+def test_a_buffer_no_rank_is_given_keeps_the_default_but_a_parameter_is_an_error():
+    def shard(state, rank, world_size):  # each rank builds its own rotary table
+        return {"w": state["w"].chunk(world_size)[rank]}
+
+    state = {"w": torch.empty(4, 2, device="meta"), "cos": torch.empty(8, 2, device="meta")}
+    assert infer_placements(shard, state, 2, unmapped={"cos"}) == {"w": Shard(0)}
+    with pytest.raises(ShapeError, match="cos: the sharding function gives no rank any part of it"):
+        infer_placements(shard, state, 2)
+
+
 def test_arithmetic_is_refused_with_its_line():
     def shard(state, rank, world_size):
         return {"w": state["w"] * 2}

@@ -696,4 +696,4 @@ def lower(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Res
     return fn(b, name, args, kwargs, out)
 
 
-from . import composites  # noqa: E402,F401  (registers the lowerings spelled with several ops)
+from . import composites, view_writes  # noqa: E402,F401  (register lowerings spelled with several ops)

@@ -94,18 +94,51 @@ def _broadcast(b: GraphBuilder, args: tuple, ref: Callable) -> Rebind:
     """The root's tensor on every member: its block of an all_gather."""
     (tensor,), group, root = args[:3]
     x = ref(tensor)
-    flat = b.emit("unsqueeze", [x], dim=0) if not x.shape else x
+    flat = _as_rows(b, x)
     rows = flat.shape[0]
     block = b.emit("slice", [_gathered(b, flat, _ranks(group))], dim=0, start=root * rows,
                    end=(root + 1) * rows)
     return [(tensor, b.emit("squeeze", [block], dim=0) if not x.shape else block)]
 
 
+def _scatter(b: GraphBuilder, args: tuple, ref: Callable) -> Rebind:
+    """The root's list, one tensor per member: every member gathers the root's list stacked
+    (the others give zeros of its shape) and keeps its own block of the root's."""
+    (output,), sources, group, root = args[:4]
+    ranks, rows = _ranks(group), (output.shape[0] if output.dim() else 1)
+    if sources and sources[0]:
+        stacked = b.concat([_as_rows(b, ref(t)) for t in sources[0]], 0)
+    else:
+        dtype = str(output.dtype).removeprefix("torch.")
+        stacked = b.emit("full", [], dtype, shape=(rows * len(ranks), *output.shape[1:]),
+                         value=0, dtype=dtype)
+    start = (root * len(ranks) + dist.ProcessGroup.unbox(group).rank()) * rows
+    block = b.emit("slice", [_gathered(b, stacked, ranks)], dim=0, start=start, end=start + rows)
+    return [(output, block if output.dim() else b.emit("squeeze", [block], dim=0))]
+
+
+def _gather(b: GraphBuilder, args: tuple, ref: Callable) -> Rebind:
+    """Every member's tensor on the root: the root's blocks of an all_gather (the others
+    receive nothing)."""
+    outputs, (source,), group = args[:3]
+    gathered = _gathered(b, _as_rows(b, ref(source)), _ranks(group))
+    rows = source.shape[0] if source.dim() else 1
+    blocks = [b.emit("slice", [gathered], dim=0, start=k * rows, end=(k + 1) * rows)
+              for k in range(len(outputs[0]) if outputs else 0)]
+    return [(output, block if source.dim() else b.emit("squeeze", [block], dim=0))
+            for output, block in zip(outputs[0] if outputs else [], blocks)]
+
+
+def _as_rows(b: GraphBuilder, x: Ref) -> Ref:
+    """x with a leading dim to gather along (a 0-dim tensor becomes one row)."""
+    return b.emit("unsqueeze", [x], dim=0) if not x.shape else x
+
+
 LOWERINGS: dict[str, Callable[[GraphBuilder, tuple, Callable], Rebind]] = {
     "allreduce_": _allreduce, "reduce_": _allreduce, "_allgather_base_": _allgather_base,
     "allgather_": _allgather, "_reduce_scatter_base_": _reduce_scatter_base,
     "reduce_scatter_": _reduce_scatter_list, "alltoall_base_": _alltoall_base,
-    "broadcast_": _broadcast,
+    "broadcast_": _broadcast, "scatter_": _scatter, "gather_": _gather,
 }
 
 

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed._functional_collectives as funcol
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 from torch.utils._pytree import tree_leaves, tree_map
 
 from ..errors import CaptureError, ScalifyError
@@ -134,19 +134,52 @@ class _Recorder(TorchDispatchMode):
         self.builder = builder
         self.sources = sources
         self.group_ranks = group_ranks
-        self.refs: dict[int, tuple[torch.Tensor, Ref]] = {}
+        # id -> (tensor, its node, the tensor's version counter when bound: a view whose
+        # storage was written since through its base or another view is derived again)
+        self.refs: dict[int, tuple[torch.Tensor, Ref, int]] = {}
         self._decomposing: set[Any] = set()  # ops whose decomposition is running
 
     def bind(self, tensor: torch.Tensor, ref: Ref) -> None:
-        self.refs[id(tensor)] = (tensor, ref)
+        self.refs[id(tensor)] = (tensor, ref, tensor._version)
 
     def ref(self, value: Any) -> Any:
         if not isinstance(value, torch.Tensor):
             return value
         entry = self.refs.get(id(value))
+        base = value._base
+        stale = entry is None or entry[2] != value._version
+        if stale and base is not None and id(base) in self.refs:
+            return self._view_again(value, base)
         if entry is not None:
             return entry[1]
         return self._literal(value)
+
+    def _view_again(self, view: torch.Tensor, base: torch.Tensor) -> Ref:
+        """`view`'s value now: its view ops replayed on its base's current value."""
+        with self._recording():
+            fresh = view._view_func(base)
+        ref = self.ref(fresh)
+        self.bind(view, ref)
+        return ref
+
+    def _write_through(self, written: torch.Tensor) -> None:
+        """After an op wrote into `written`, a view: its base holds the written values."""
+        base = written._base
+        if base is None or id(base) not in self.refs:
+            return
+        with self._recording():
+            merged = torch.ops.aten.as_strided_scatter(
+                base, written, written.size(), written.stride(), written.storage_offset())
+        self.bind(base, self.ref(merged))
+
+    @contextmanager
+    def _recording(self) -> Iterator[None]:
+        """This recorder on (inside its own dispatch it is off)."""
+        if _get_current_dispatch_mode() is self:
+            yield
+            return
+        with self:
+            yield
 
     def _literal(self, tensor: torch.Tensor) -> Ref:
         if tensor.is_meta or tensor.numel() > 4096:
@@ -176,7 +209,7 @@ class _Recorder(TorchDispatchMode):
         self.builder.source = self.sources.current()
         ref_args = [tree_map(self.ref, a) for a in args]
         ref_kwargs = {k: tree_map(self.ref, v) for k, v in kwargs.items()}
-        if name == "as_strided":  # a view of the input's memory: its layout matters
+        if name in ("as_strided", "as_strided_scatter"):  # the input's memory layout matters
             ref_kwargs["input_layout"] = (args[0].stride(), args[0].storage_offset())
         if func.namespace == "_c10d_functional" and name in _COLLECTIVE_GROUP_ARG:
             index = _COLLECTIVE_GROUP_ARG[name]
@@ -192,6 +225,8 @@ class _Recorder(TorchDispatchMode):
             self._bind_result(args[0][0] if name == "recv" else None, result)
         else:
             self._bind_result(out, result)
+        for tensor in _written(func, args, kwargs):
+            self._write_through(tensor)
         return out
 
     def _collective(self, func: Any, args: tuple, out: Any) -> None:
@@ -211,6 +246,8 @@ class _Recorder(TorchDispatchMode):
             rebinds = list(zip(written, refs))
         for tensor, ref in rebinds:
             self.bind(tensor, ref)
+        for tensor, _ in rebinds:
+            self._write_through(tensor)
 
     def _decompose(self, func: Any, decomposition: Callable, args: tuple, kwargs: dict) -> Any:
         """Run `decomposition` with this recorder on, so its pieces are recorded (an op it
@@ -248,6 +285,17 @@ def functional_collectives_waited() -> Iterator[None]:
         yield
     finally:
         funcol._are_we_tracing = traced
+
+
+def _written(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """The tensors `func` writes into (in place or `out=`), from its schema."""
+    written = []
+    for position, argument in enumerate(func._schema.arguments):
+        if argument.alias_info is None or not argument.alias_info.is_write:
+            continue
+        value = args[position] if position < len(args) else kwargs.get(argument.name)
+        written += [t for t in tree_leaves(value) if isinstance(t, torch.Tensor)]
+    return written
 
 
 def _run(func: Any, args: tuple, kwargs: dict) -> Any:

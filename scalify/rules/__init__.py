@@ -11,12 +11,13 @@ from .terms import DECLARATIONS, render
 
 RULESET = "lemmas"
 PER_RANK_RULESET = "per_rank"  # run only for programs that are not rank-symmetric
+INVERSES_RULESET = "inverses"  # run only for windows that find no relation without it
 THEORIES = (elementwise, reduction, matmul, movement, embedding, rows)
 
 
 def all_rules() -> list[Rule]:
     return ([rule for theory in THEORIES for rule in theory.rules()] + movement.per_rank_rules()
-            + rank_rules() + context.rules())
+            + movement.inverse_rules() + rank_rules() + context.rules())
 
 
 def rank_rules() -> list[Rule]:
@@ -24,7 +25,7 @@ def rank_rules() -> list[Rule]:
     return [replace(rule, world=ranks.WORLD) for rule in ranks.rules()]
 
 
-OPTIONAL_RULESETS = (PER_RANK_RULESET, ranks.RULESET, context.RULESET)
+OPTIONAL_RULESETS = (PER_RANK_RULESET, ranks.RULESET, context.RULESET, INVERSES_RULESET)
 
 
 def trait_facts() -> str:
@@ -42,7 +43,8 @@ def prelude(rulesets: Collection[str] = OPTIONAL_RULESETS) -> str:
     rules = [rule.egglog(RULESET) for theory in THEORIES for rule in theory.rules()]
     optional = {PER_RANK_RULESET: [rule.egglog(PER_RANK_RULESET) for rule in movement.per_rank_rules()],
                 ranks.RULESET: [rule.egglog(ranks.RULESET) for rule in rank_rules()] + ranks.fact_rules(),
-                context.RULESET: [rule.egglog(context.RULESET) for rule in context.rules()]}
+                context.RULESET: [rule.egglog(context.RULESET) for rule in context.rules()],
+                INVERSES_RULESET: [rule.egglog(INVERSES_RULESET) for rule in movement.inverse_rules()]}
     probe = "(rule ((target t k) (= t (dist n))) ((same k n)) :ruleset probe)"
     declared = [f"(ruleset {name})" for name in (RULESET, "probe", "window", *OPTIONAL_RULESETS)]
     return "\n".join([DECLARATIONS, trait_facts(), *declared, *rules,

@@ -8,7 +8,7 @@ from typing import Callable
 
 from egglog import bindings
 
-from ..rules import context, prelude
+from ..rules import INVERSES_RULESET, context, prelude
 from ..rules.terms import SIZE_CONFLICT, is_relational, parse
 from .store import MemoStore
 
@@ -51,6 +51,12 @@ def _batched(program: str) -> str:
     if not facts:
         return first
     return f"{first}\n(rule () ({facts}) :ruleset window)\n(run window 1)"
+
+
+def _nodes(outputs: list) -> int:
+    """E-nodes at the last size printed in `outputs`."""
+    sizes = [out for out in outputs if isinstance(out, bindings.PrintAllFunctionsSize)]
+    return sum(count for _, count in sizes[-1].sizes) if sizes else 0
 
 
 class NoAnswer(Exception):
@@ -108,7 +114,7 @@ class EgglogSession:
 
     def _fresh(self) -> bindings.EGraph:
         egraph = bindings.EGraph()
-        egraph.run_program(*egraph.parse_program(prelude(self.rulesets)))
+        egraph.run_program(*egraph.parse_program(prelude([*self.rulesets, INVERSES_RULESET])))
         self._conflict_check = egraph.parse_program(f"(check (= (dimsize t d) {SIZE_CONFLICT}))")
         return egraph
 
@@ -154,27 +160,45 @@ class EgglogSession:
         egraph.run_program(*egraph.parse_program("(push)"))
         try:
             egraph.run_program(*egraph.parse_program(_batched(program)))
-            self._saturate(egraph, checked)
+            self._saturate_escalating(egraph, checked)
             return checked()
         finally:
             self._pop()
 
-    def _saturate(self, egraph: bindings.EGraph, settled: Callable[[], bool]) -> list:
+    def _saturate_escalating(self, egraph: bindings.EGraph, settled: Callable[[], bool]) -> list:
+        """Saturate; where that leaves the window unsettled, name the inverses of its reshapes
+        (costly on every window, needed by few) and saturate again, up to four times the
+        e-nodes it had. Past that or past `limits`, the window's answer is what it had without
+        them. Context-parallel windows, which settle on their own, do not escalate."""
+        outputs = self._saturate(egraph, settled, self.rulesets)
+        nodes = _nodes(outputs)
+        if self.settle or nodes > self.limits.search_nodes or settled():
+            return outputs
+        outputs += egraph.run_program(*egraph.parse_program(f"(run {INVERSES_RULESET} 1)"))
+        try:
+            return outputs + self._saturate(egraph, settled, self.rulesets,
+                                            stop_at=min(4 * nodes, self.limits.search_nodes))
+        except WindowLimitExceeded:
+            return outputs
+
+    def _saturate(self, egraph: bindings.EGraph, settled: Callable[[], bool],
+                  rulesets: list[str], stop_at: int | None = None) -> list:
         """Run the rulesets up to `iterations` times (stopping at a fixpoint) within `limits`;
         stop once `settled()` (the window has its answer) holds past `limits.settle_nodes`
         e-nodes. A settling session's window runs one more iteration once `settled()` holds and
         stops, and stops past `limits.search_nodes` e-nodes without it (nothing is concluded
-        from that but what the e-graph shows: an unrelated op stays unrelated)."""
-        runs = " ".join(f"(run {name})" for name in self.rulesets)
+        from that but what the e-graph shows: an unrelated op stays unrelated); any window stops
+        past `stop_at` e-nodes."""
+        runs = " ".join(f"(run {name})" for name in rulesets)
         step = egraph.parse_program(f"(run-schedule (seq {runs}))\n(print-size)")
         start, outputs, settling = time.perf_counter(), [], False
         for _ in range(self.iterations):
             *ran, size = egraph.run_program(*step)
             outputs += [*ran, size]
-            nodes = sum(count for _, count in size.sizes)
+            nodes = _nodes([size])
             grown = nodes > self.limits.settle_nodes
             answered = (self.settle or grown) and settled()  # one extraction per iteration
-            if settling or (grown and answered):
+            if settling or (grown and answered) or stop_at is not None and nodes > stop_at:
                 break
             if nodes > self.limits.nodes:
                 raise WindowLimitExceeded(f"its e-graph grew past {self.limits.nodes} e-nodes")
@@ -201,7 +225,7 @@ class EgglogSession:
         try:
             egraph.run_program(*egraph.parse_program(_batched(program)))
             extract = egraph.parse_program("(extract $y)")
-            outputs = self._saturate(egraph, lambda: is_relational(parse(str(
+            outputs = self._saturate_escalating(egraph, lambda: is_relational(parse(str(
                 egraph.run_program(*extract)[-1]))))
             outputs += egraph.run_program(*egraph.parse_program("(print-size)\n(extract $y)"))
             self._measure(outputs)

@@ -304,22 +304,27 @@ class Verifier:
             return congruent
         replicated = all(parse(r.term).head in ("dist", "const") for r in inputs)
         narrow = replicated or self.options.narrow_first
+        deeper = 2 * self.options.window_depth
         depths = [1, self.options.window_depth] if narrow else [self.options.window_depth]
         runs = [r for r in inputs if r.pending is not None]
         if runs:  # the ranks' fused computation ends further downstream
-            depths = [2 * self.options.window_depth]
+            depths = [deeper]
+        # Last, a window that looks through data movement (the ranks' reshapes and gathers
+        # cost no depth): it finds relations carried by movement, at a cost most ops need not pay.
+        windows = [(depth, False) for depth in depths] + [(max(depths), True)]
         narrowest: list[str] | None = None  # the nodes closest to the op, for diagnostics
         related = None  # the last window that related the op
-        deeper = 2 * self.options.window_depth
-        for depth in depths:  # ops on replicated inputs usually match one hop away; else widen
-            program, window = self._program(node, inputs, depth)
+        for depth, look_through in windows:  # ops on replicated inputs usually match one hop away
+            if look_through and related is not None:
+                break
+            program, window = self._program(node, inputs, depth, look_through)
             narrowest = window if narrowest is None else narrowest
             result.windows += 1
             try:
                 outcome = self.session.saturate(program)
             except NoAnswer as limit:  # a bound or a shape conflict: neither related nor refuted
-                if related is not None:
-                    break  # the narrower window's relation stands
+                if related is not None or look_through:
+                    break  # the narrower window's relation, or its failure, stands
                 result.unknown.append(f"{node.op} at {node.source}: its window gave no answer, {limit}")
                 return None
             term = parse(outcome.term)
@@ -332,8 +337,8 @@ class Verifier:
                     break
                 # Some rank's copy lies further downstream, or the ranks may hold this
                 # reshape themselves past the window (not only the reshape of what they hold).
-                if deeper not in depths:
-                    depths.append(deeper)
+                if (deeper, look_through) not in windows:
+                    windows.insert(windows.index((depth, look_through)) + 1, (deeper, look_through))
         if related is not None:
             outcome, term = related, parse(related.term)
             same = sorted(outcome.same, key=self.dist.order.get)
@@ -381,10 +386,11 @@ class Verifier:
             return None
         return Relation(term, (), _inherited(inputs, set(leaves(parse(term)))))
 
-    def _program(self, node: Node, inputs: list[Relation], depth: int) -> tuple[str, list[str]]:
+    def _program(self, node: Node, inputs: list[Relation], depth: int,
+                 look_through: bool) -> tuple[str, list[str]]:
         leaves_in = {name for r in inputs for name in r.leaf_names()}
         region = region_of(node.source.module)
-        window = self._window(leaves_in, region, depth)
+        window = self._window(leaves_in, region, depth, look_through)
         defined = self._with_dependencies(window, leaves_in,
                                           sorted(leaves_in, key=self.dist.order.get), region)
         ref_args = [r.term for r in inputs]
@@ -414,8 +420,10 @@ class Verifier:
             holders = ranks if holders is None else holders & ranks
         return holders is not None and len({self.dist.rank_of(n) for n in same}) < len(holders)
 
-    def _window(self, start: set[str], region: str, max_depth: int) -> list[str]:
-        """Distributed nodes of `region` within `max_depth` hops downstream of `start`.
+    def _window(self, start: set[str], region: str, max_depth: int,
+                look_through: bool) -> list[str]:
+        """Distributed nodes of `region` within `max_depth` hops downstream of `start`, where
+        ops that move data are no hop if `look_through`.
 
         Ops on replicated inputs have their counterparts one hop away on every rank; ops on
         sharded or partial inputs look further, past collectives.
@@ -429,7 +437,7 @@ class Verifier:
             for user in self.users[name]:
                 if user in depth or user in self.dist_const or self.region[user] != region:
                     continue
-                moves = self.dist.graph[user].op in _MOVES_DATA  # free: windows look through
+                moves = look_through and self.dist.graph[user].op in _MOVES_DATA
                 depth[user] = depth[name] + (not moves)
                 (queue.appendleft if moves else queue.append)(user)
         window = sorted((n for n in depth if n not in start), key=self.dist.order.get)
@@ -505,7 +513,7 @@ class Verifier:
             # From the relation's rank tensors down, and from the rank outputs up: ops between
             # the last related tensor and an output (a reorder, a cut and rejoin) may be deeper
             # than a window.
-            window = self._window(known, region, self.options.window_depth)
+            window = self._window(known, region, self.options.window_depth, look_through=True)
             window += [n for n in rank_outputs if n not in known and n not in window]
             defined = self._with_dependencies(window, known, sorted(known, key=self.dist.order.get),
                                               region)

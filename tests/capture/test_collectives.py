@@ -112,13 +112,21 @@ def broadcast(m, x, broken):
     return m.up(held)
 
 
+def scatter(m, x, broken):
+    """Rank r keeps block r of the root's x (the others pass no list)."""
+    out = torch.empty_like(x.chunk(dist.get_world_size())[0])
+    blocks = list(x.chunk(dist.get_world_size()))
+    dist.scatter(out, (blocks[::-1] if broken else blocks) if dist.get_rank() == 0 else None, src=0)
+    return m.up(out)
+
+
 class Reference(MLP):
     def __init__(self, style) -> None:
         super().__init__()
         self.style = style
 
     def forward(self, x):
-        if self.style in (all_gather_into_tensor, all_gather_list, broadcast):
+        if self.style in (all_gather_into_tensor, all_gather_list, broadcast, scatter):
             return self.up(x)
         return x * 2 if self.style is all_to_all else self.partial(x)
 
@@ -144,6 +152,7 @@ STYLES = {  # style: (param placements, input placements, output placement)
     reduce_scatter_tensor: (_PARAMS, {}, Shard(0)),
     all_to_all: ({}, {"x": Shard(0)}, Shard(1)),
     broadcast: ({}, {}, Replicate()),
+    scatter: ({}, {}, Shard(0)),
 }
 
 
@@ -172,17 +181,17 @@ def test_broken_twin_is_a_discrepancy(style):
     assert report.verdict == "discrepancy" and not report.numeric["agrees"]
 
 
-class _Scattered(nn.Module):
-    """Rank r keeps block r of rank 0's input (`dist.scatter`, which has no lowering)."""
+class _ExchangedAsLists(nn.Module):
+    """Blocks exchanged as lists (`dist.all_to_all`, which has no lowering)."""
 
     def forward(self, x):  # called with the rank's whole x, as `arg0`
-        out = torch.empty_like(x.chunk(2)[0])
-        dist.scatter(out, list(x.chunk(2)) if dist.get_rank() == 0 else None, src=0)
-        return out
+        out = [torch.empty_like(block) for block in x.chunk(2)]
+        dist.all_to_all(out, list(x.chunk(2)))
+        return torch.cat(out)
 
 
 def test_a_collective_with_no_lowering_is_unknown_not_a_crash():
     report = scalify.verify_modules(
-        nn.Identity(), lambda rank: _Scattered(), 2, (torch.empty(TOKENS, HIDDEN, device="meta"),),
-        output_placements=[Shard(0)])
-    assert report.verdict == "unknown" and any("scatter" in reason for reason in report.unknown)
+        nn.Identity(), lambda rank: _ExchangedAsLists(), 2,
+        (torch.empty(TOKENS, HIDDEN, device="meta"),), output_placements=[Replicate()])
+    assert report.verdict == "unknown" and any("alltoall" in reason for reason in report.unknown)

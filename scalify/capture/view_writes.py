@@ -1,0 +1,108 @@
+"""Writes into views (`buf[:, s:e] = x`, `cache[i].copy_(k)`, `out.t()[1:3] = 0`): the base's
+new value as the untouched blocks of the old one around the written block.
+
+The tracer turns every write into a view into `aten.as_strided_scatter(base, view, size, stride,
+offset)`; this lowers it when the view is a block of a dense row-major base (a slice or an index
+along any dims, in any dim order), and refuses (so the value is opaque) otherwise.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import CaptureError
+from .aten import Result, lowering
+from .builder import GraphBuilder, Ref
+
+
+@lowering("as_strided_scatter")
+def _as_strided_scatter(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    base, src, size, stride = args[0], args[1], list(args[2]), list(args[3])
+    offset = args[4] if len(args) > 4 else kwargs.get("storage_offset")
+    base_stride, base_offset = kwargs["input_layout"]
+    if list(base_stride) != _row_major(base.shape):
+        raise CaptureError("aten.as_strided_scatter into a base that is not dense and row-major")
+    starts, dims = _block(base.shape, size, stride, (offset or base_offset) - base_offset)
+    block = _as_block(b, src, size, dims, len(base.shape))
+    return _written(b, base, block, starts, 0)
+
+
+def _row_major(shape: tuple[int, ...]) -> list[int]:
+    strides, step = [], 1
+    for extent in reversed(shape):
+        strides.insert(0, step)
+        step *= extent
+    return strides
+
+
+def _block(shape: tuple[int, ...], size: list[int], stride: list[int],
+           offset: int) -> tuple[list[int], list[int | None]]:
+    """Where the view lies in the base: each base dim's first index, and each view dim's base
+    dim (None for a unit dim); a CaptureError if the view is not a block."""
+    strides = _row_major(shape)
+    dims: list[int | None] = []
+    for extent, step in zip(size, stride):
+        candidates = [d for d in range(len(shape)) if strides[d] == step and shape[d] >= extent]
+        dims.append(None if extent == 1 else (candidates[0] if candidates else -1))
+    taken = [d for d in dims if d is not None]
+    if -1 in taken or len(set(taken)) != len(taken):
+        raise CaptureError("aten.as_strided_scatter of a view that is not a block of its base")
+    starts, left = [], offset
+    for d, step in enumerate(strides):
+        starts.append(left // step)
+        left -= starts[-1] * step
+        extent = size[dims.index(d)] if d in dims else 1
+        if starts[-1] + extent > shape[d]:
+            raise CaptureError("aten.as_strided_scatter of a view that is not a block of its base")
+    return starts, dims
+
+
+def _as_block(b: GraphBuilder, src: Ref, size: list[int], dims: list[int | None], rank: int) -> Ref:
+    """`src` laid out as the block: unit dims dropped, the rest in base-dim order, a unit dim
+    for every base dim the view indexes."""
+    for position in reversed(range(len(size))):
+        if dims[position] is None:
+            src = b.emit("squeeze", [src], dim=position)
+    kept = [d for d in dims if d is not None]
+    order = sorted(range(len(kept)), key=kept.__getitem__)
+    src = b.permute(src, order) if order != list(range(len(kept))) else src
+    for dim in range(rank):
+        if dim not in kept:
+            src = b.emit("unsqueeze", [src], dim=dim)
+    return src
+
+
+def _written(b: GraphBuilder, base: Ref, block: Ref, starts: list[int], dim: int) -> Ref:
+    """`base` with `block` written at `starts`, from `dim` inwards."""
+    if dim == len(base.shape):
+        return block
+    start, extent, whole = starts[dim], block.shape[dim], base.shape[dim]
+    if (start, extent) == (0, whole):
+        if block.shape == base.shape:
+            return block
+        return _written(b, base, block, starts, dim + 1)
+    middle = _slice(b, base, dim, start, start + extent)
+    pieces = [_written(b, middle, block, starts, dim + 1)]
+    if start > 0:
+        pieces.insert(0, _slice(b, base, dim, 0, start))
+    if start + extent < whole:
+        pieces.append(_slice(b, base, dim, start + extent, whole))
+    return b.concat(pieces, dim) if len(pieces) > 1 else pieces[0]
+
+
+def _slice(b: GraphBuilder, x: Ref, dim: int, start: int, end: int) -> Ref:
+    """x[start:end] along `dim`, taken from the pieces where x is a concat along `dim` (a buffer
+    written block by block then holds only what was written, nothing of its old memory)."""
+    if (start, end) == (0, x.shape[dim]):
+        return x
+    node = b.graph[x.name]
+    if node.op != "concat" or node.attr("dim") != dim:
+        return b.emit("slice", [x], dim=dim, start=start, end=end)
+    taken, offset = [], 0
+    for name in node.inputs:
+        piece = b.graph[name]
+        piece_ref, size = Ref(name, piece.shape, piece.dtype), piece.shape[dim]
+        low, high = max(start, offset), min(end, offset + size)
+        if low < high:
+            taken.append(_slice(b, piece_ref, dim, low - offset, high - offset))
+        offset += size
+    return b.concat(taken, dim) if len(taken) > 1 else taken[0]

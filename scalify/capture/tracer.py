@@ -22,6 +22,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from ..errors import CaptureError, ScalifyError
 from ..ir.graph import Graph, SourceLoc
+from ..ir.ops import OPS, RANDOM
 from . import c10d
 from .aten import LOWERINGS, lower, lowering_name, opaque
 from .as_gpu import as_gpu, capture_device
@@ -168,6 +169,8 @@ class _Recorder(TorchDispatchMode):
             result = self._decompose(func, decomposition, args, kwargs)
             if result is not NotImplemented:
                 return result
+        if func is torch.ops.aten._local_scalar_dense.default:
+            self._read_into_python(args[0])
         out = _run(func, args, kwargs)
         if func.namespace == "c10d" and func.overloadpacket.__name__ not in _POINT_TO_POINT:
             self._collective(func, args, out)
@@ -193,6 +196,22 @@ class _Recorder(TorchDispatchMode):
         else:
             self._bind_result(out, result)
         return out
+
+    def _read_into_python(self, tensor: torch.Tensor) -> None:
+        """`.item()`, `int(x)`, `if x:`: the program goes on with a Python number, which the graph
+        would hold as a constant. Refused unless the tensor is a constant of the program."""
+        graph, stack, seen = self.builder.graph, [self.ref(tensor).name], set()
+        while stack:
+            node = graph[stack.pop()]
+            if node.name in seen:
+                continue
+            seen.add(node.name)
+            if node.op in ("placeholder", "opaque") or OPS[node.op].trait == RANDOM:
+                raise CaptureError(
+                    f"{self.sources.current()}: a tensor computed from the inputs is read into "
+                    "Python (.item(), int(), bool(), an `if` on a tensor); the captured graph "
+                    "would hold its value as a constant, so Scalify refuses it")
+            stack.extend(node.inputs)
 
     def _collective(self, func: Any, args: tuple, out: Any) -> None:
         """An in-place c10d collective: rebind the tensors it overwrites to its result (to

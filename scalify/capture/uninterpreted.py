@@ -7,7 +7,8 @@ from typing import Any
 
 import torch
 
-from ..ir.uninterpreted import APPLICATIONS
+from ..errors import CaptureError
+from ..ir.uninterpreted import APPLICATIONS, MAX_INPUTS
 from .aten import Result, _dtype_name, lowering
 from .builder import GraphBuilder, Ref
 
@@ -16,6 +17,9 @@ def apply(b: GraphBuilder, op: str, args: list, kwargs: dict, out: Any) -> Resul
     """`out` as uninterpreted op `op` of the call's tensors and other arguments: one node per
     tensor output (`output` numbers them when there are several)."""
     inputs, attrs = APPLICATIONS[op].attributes(args, kwargs, lambda v: isinstance(v, Ref))
+    if len(inputs) > MAX_INPUTS:
+        raise CaptureError(f"{op} of {len(inputs)} tensors: the prover's uninterpreted functions "
+                           f"take at most {MAX_INPUTS}")
     if not isinstance(out, (tuple, list)):
         return b.emit(op, inputs, _dtype_name(out.dtype), **attrs)
     return [b.emit(op, inputs, _dtype_name(t.dtype), output=k, **attrs)

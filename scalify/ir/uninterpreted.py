@@ -67,7 +67,7 @@ class AtenApplication:
             elif _takes_tensor(arg) and value is not None:
                 inputs.append(value)
             elif is_tensor(value):
-                raise ValueError(f"{self.overload} takes a tensor as {arg.name}, a scalar")
+                raise ValueError(f"{self.overload} takes no tensor as {arg.name}")
             else:
                 attrs[arg.name] = _plain(value)
         return inputs, attrs
@@ -108,6 +108,7 @@ class AtenApplication:
                              f"with {attrs}: {str(error).splitlines()[0] if str(error) else error}")
 
 
+MAX_INPUTS = 4  # the prover's uninterpreted functions take at most four tensors (rules/terms.py)
 _INDEX, _MASK, _COMPLEX = torch.int64, torch.bool, torch.complex64
 
 # IR op name -> the overload it applies.

@@ -101,3 +101,10 @@ def test_a_scatter_with_a_reduce_argument_is_not_taken_for_a_plain_one():
     fn = lambda a: torch.zeros_like(a).scatter(1, a.topk(2).indices, a[:, :2], reduce="multiply")
     graph, _ = _capture(fn, (ROWS,))
     assert "untake" not in {n.op for n in graph}
+
+
+def test_an_index_put_of_more_tensors_than_the_prover_takes_stays_opaque():
+    rows = torch.tensor([0, 1])
+    fn = lambda a: a.reshape(1, 1, 5, 4).index_put((rows * 0, rows * 0, rows, rows), a[0, :2])
+    graph, _ = _capture(fn, (ROWS,))
+    assert [n.attr("target") for n in graph if n.op == "opaque"] == ["aten.index_put"]

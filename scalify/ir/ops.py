@@ -355,7 +355,7 @@ for _name, _application in APPLICATIONS.items():  # aten ops as uninterpreted fu
 
 
 # Ops no rewrite rule mentions: the prover knows only that equal inputs give equal values.
-UNINTERPRETED = frozenset(APPLICATIONS) | {"prod"}
+UNINTERPRETED = frozenset(APPLICATIONS) | {"prod", "index", "topk", "topk_index"}
 
 
 def infer_shape(op: str, shapes: list[Shape], attrs: Attrs) -> Shape:

@@ -77,6 +77,11 @@ def test_reading_a_computed_value_into_python_is_refused():
         capture(nn.Module(), lambda: x * (x.sum().item()), {"x": x})
 
 
+def test_reading_a_random_draw_into_python_is_refused():
+    with pytest.raises(CaptureError, match="read into Python"):
+        capture(nn.Module(), lambda: torch.ones(2) * torch.rand(()).item(), {})
+
+
 def test_reading_a_constant_into_python_is_allowed():
     x = torch.ones(3)
     graph = capture(nn.Module(), lambda: x * torch.tensor([2.0, 3.0]).sum().item(), {"x": x})

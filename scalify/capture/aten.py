@@ -123,7 +123,7 @@ _UNARY_NAMES = ["neg", "exp", "log", "rsqrt", "sqrt", "sin", "cos", "tanh", "sig
 
 
 _PROMOTING = {"add", "sub", "mul", "div", "pow", "maximum", "minimum", "logaddexp", "atan2",
-              "fmod", "remainder"}
+              "fmod", "remainder", "div_floor", "div_trunc"}
 
 
 def _elementwise(b: GraphBuilder, op: str, operands: list[Any], out: Any, **attrs: Any) -> Ref:
@@ -153,9 +153,10 @@ def _unary(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Re
 def _binary(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
     x, y = args[0], args[1]
     mode = kwargs.get("rounding_mode")
+    if mode is not None and not out.dtype.is_floating_point:  # exact integer division
+        dtype = _dtype_name(out.dtype)
+        return _elementwise(b, f"div_{mode}", [_as_tensor(b, v, dtype) for v in (x, y)], out)
     if mode is not None:  # a float quotient rounded towards zero or down
-        if not out.dtype.is_floating_point:
-            raise CaptureError(f"aten.{name} with rounding_mode on integers is not supported")
         quotient = _binary(b, name, [x, y], {}, out)
         return b.emit("trunc" if mode == "trunc" else "floor", [quotient])
     alpha = kwargs.get("alpha", args[2] if len(args) > 2 else 1)
@@ -208,22 +209,6 @@ def _masked_fill(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any)
     if out.dtype.is_floating_point:  # one spelling per value: 0 and 0.0 fill a float alike
         value = float(value)
     return b.emit("masked_fill", [b.broadcast(x, shape), b.broadcast(mask, shape)], value=value)
-
-
-@lowering("index_put")
-def _index_put(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
-    """`x[mask] = scalar` with one boolean mask over x's leading dims (DTensor's MaskPartial)."""
-    x, indices, values = args[:3]
-    accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
-    source = b.graph[values.name] if isinstance(values, Ref) and values.shape == () else None
-    value = source and (source.attr("value") if source.op == "full" else source.attr("values", [None])[0])
-    if (accumulate or len(indices) != 1 or not isinstance(indices[0], Ref)
-            or indices[0].dtype != "bool" or value is None):
-        raise CaptureError("aten.index_put is supported only as x[boolean mask] = constant")
-    mask = indices[0]
-    while len(mask.shape) < len(x.shape):
-        mask = b.emit("unsqueeze", [mask], dim=len(mask.shape))
-    return b.emit("masked_fill", [x, b.broadcast(mask, x.shape)], value=_scalar(value))
 
 
 # Reductions and normalisations.
@@ -524,51 +509,6 @@ def _topk(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Res
     return b.emit("topk", [x], k=k), b.emit("topk_index", [x], "int64", k=k)
 
 
-@lowering("gather")
-def _gather(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
-    x, dim, index = args[:3]
-    if _dim(dim, len(x.shape)) != len(x.shape) - 1 or index.shape != x.shape[:-1] + (1,):
-        raise CaptureError("aten.gather is supported along the last dim with one index per row")
-    index = b.emit("squeeze", [index], dim=len(index.shape) - 1)
-    return b.emit("unsqueeze", [b.emit("take", [x, index])], dim=len(index.shape))
-
-
-@lowering("scatter_add")
-def _scatter_add(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
-    """`x` plus `src` put at `index` along the last dim (gather's backward, one index per row);
-    into zeros it is the `untake` alone."""
-    x, dim, index, src = args[:4]
-    if _dim(dim, len(x.shape)) != len(x.shape) - 1 or index.shape != x.shape[:-1] + (1,):
-        raise CaptureError("aten.scatter_add is supported along the last dim with one index per row")
-    last = len(index.shape) - 1
-    put = b.emit("untake", [b.emit("squeeze", [src], dim=last), b.emit("squeeze", [index], dim=last)],
-                 size=x.shape[-1])
-    target = b.graph[x.name]
-    if target.op == "full" and target.attr("value") == 0:
-        return put
-    return b.emit("add", [x, put])
-
-
-@lowering("scatter")
-def _scatter(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
-    """Values put into zeros at a top-k's indices along the last dim (top-k's backward): the
-    indices of a row are distinct, so the scatter is the sum of one `untake` per column."""
-    x, dim, index, src = args[:4]
-    last = len(x.shape) - 1
-    zeros = b.graph[x.name]
-    if (_dim(dim, len(x.shape)) != last or b.graph[index.name].op != "topk_index"
-            or zeros.op != "full" or zeros.attr("value") != 0 or not isinstance(src, Ref)):
-        raise CaptureError("aten.scatter is supported into zeros at a top-k's indices along the "
-                           "last dim")
-    total = None
-    for column in range(index.shape[-1]):
-        pick = [b.emit("squeeze", [b.emit("slice", [ref], dim=last, start=column, end=column + 1)],
-                       dim=last) for ref in (src, index)]
-        put = b.emit("untake", pick, size=x.shape[-1])
-        total = put if total is None else b.emit("add", [total, put])
-    return total
-
-
 def _ignored(b: GraphBuilder, target: Ref, ignore_index: int) -> tuple[Ref, Ref]:
     """(mask of ignored targets, targets with the ignored ones set to 0)."""
     ignored = b.emit("eq_scalar", [target], "bool", value=ignore_index)
@@ -620,10 +560,18 @@ def _nll_loss_backward(b: GraphBuilder, name: str, args: list, kwargs: dict, out
 
 @lowering("embedding_dense_backward")
 def _embedding_backward(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    """The tokens' gradients summed into the rows of their ids; tokens at `padding_idx` (-1:
+    none) add nothing, and with `scale_grad_by_freq` each is first divided by how many tokens
+    share its id."""
     grad, ids, rows, padding_idx, scale_by_frequency = args
-    if padding_idx not in (-1, None) or scale_by_frequency:
-        raise CaptureError("aten.embedding_dense_backward with padding_idx or scale_grad_by_freq "
-                           "is not supported")
+    if scale_by_frequency:
+        ones = b.emit("full", [], grad.dtype, shape=ids.shape + (1,), value=1.0, dtype=grad.dtype)
+        counts = b.emit("embedding", [b.emit("embedding_grad", [ones, ids], rows=rows), ids])
+        grad = b.emit("div", [grad, b.broadcast(counts, grad.shape)])
+    if padding_idx is not None and padding_idx >= 0:
+        padding = b.emit("eq_scalar", [ids], "bool", value=padding_idx)
+        padding = b.broadcast(b.emit("unsqueeze", [padding], dim=len(ids.shape)), grad.shape)
+        grad = b.emit("masked_fill", [grad, padding], value=0.0)
     return b.emit("embedding_grad", [grad, ids], rows=rows)
 
 
@@ -696,4 +644,7 @@ def lower(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Res
     return fn(b, name, args, kwargs, out)
 
 
-from . import composites, view_writes  # noqa: E402,F401  (register lowerings spelled with several ops)
+# Register the lowerings of the modules below (spelled with several ops; gathers and scatters;
+# random draws and data-dependent shapes; aten ops kept as uninterpreted functions; writes
+# into views).
+from . import composites, draws, indexing, uninterpreted, view_writes  # noqa: E402,F401

@@ -8,7 +8,8 @@ from typing import Any
 import torch
 
 from ..errors import CaptureError
-from .aten import Result, _cast_to, _dim, _dtype_name, _out_shape, _reduce, _scalar, lowering
+from .aten import (Result, _binary, _cast_to, _dim, _dtype_name, _out_shape, _reduce, _scalar,
+                   lowering)
 from .builder import GraphBuilder, Ref
 
 
@@ -147,10 +148,10 @@ def _derived_unary(b: GraphBuilder, name: str, args: list, kwargs: dict, out: An
 
 @lowering("bitwise_xor", "logical_xor")
 def _xor(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
-    """On booleans (or as truth values): `x != y`."""
+    """On booleans (or as truth values): `x != y`; on integers, bit by bit."""
     x, y = args[0], args[1]
     if name == "bitwise_xor" and out.dtype != torch.bool:
-        raise CaptureError("aten.bitwise_xor on integers is not supported")
+        return _binary(b, name, args, kwargs, out)
     x, y = (v if not isinstance(v, Ref) or v.dtype == "bool" else b.emit("ne_scalar", [v], "bool", value=0)
             for v in (x, y))
     if not isinstance(y, Ref):
@@ -269,11 +270,12 @@ def _window(b: GraphBuilder, x: Ref, start: int, length: int) -> Ref:
 
 
 # Prims that torch's reference decompositions call (keyed `prims.name`).
-@lowering("prims.sum")
+@lowering("prims.sum", "prims.prod")
 def _prims_sum(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
-    x, dims = args[0], args[1]
+    """A sum or product over `dims` (all when empty); booleans counted as integers."""
+    x, dims, op = args[0], args[1], name.removeprefix("prims.")
     x = b.emit("cast", [x], "int64", dtype="int64") if x.dtype == "bool" else x
-    return _cast_to(b, _reduce(b, "sum", x, list(dims) or list(range(len(x.shape))), False), out)
+    return _cast_to(b, _reduce(b, op, x, list(dims) or list(range(len(x.shape))), False), out)
 
 
 @lowering("prims.var")

@@ -3,7 +3,8 @@
 Every overload tagged `torch.Tag.core` is run on small meta tensors built from its schema and
 captured; it counts as lowered when its graph holds no opaque node (through a hand lowering,
 PyTorch's decomposition, or as an identity). An overload whose arguments could not be built
-is classified by the tables alone, and said so.
+is classified by the tables alone, and said so; coverage_samples.py lists the arguments of
+overloads whose schema does not say how to call them.
 """
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from torch import nn
 from torch.utils._pytree import tree_leaves
 
 from ..errors import ScalifyError
+from ..ir.ops import OPS, RANDOM, UNINTERPRETED
 from .aten import LOWERINGS, lowering_name
+from .coverage_samples import sample
 from .decompose import decomposition_of
 from .tracer import capture
 
@@ -24,9 +27,6 @@ _INT_LISTS = {"kernel_size": [2, 2], "stride": [1, 1], "padding": [0, 0], "dilat
               "output_padding": [0, 0], "output_size": [2, 2], "pad": [1, 1], "padding_idx": -1}
 _SHAPE_QUERIES = {"sym_size", "sym_numel", "sym_stride", "sym_storage_offset"}
 _BUFFERS = {"aten.empty", "aten.empty_strided"}
-_meta = torch.empty((4, 4), device="meta")
-_SAMPLES = {"as_strided": ([_meta, [2, 2], [4, 1], 1], {}),  # a plain view (the schema's is not)
-            "select_scatter": ([_meta, torch.empty(4, device="meta"), 0, 1], {})}
 
 
 @dataclass
@@ -107,17 +107,22 @@ def _how(func: Any) -> str:
     return "decomposition" if decomposition_of(func) is not None else ""
 
 
-def _probe(func: Any, args: list, kwargs: dict) -> str | None:
-    """Why capturing `func(*args, **kwargs)` leaves an opaque node, or None when it lowers."""
+def _probe(func: Any, args: list, kwargs: dict) -> tuple[str | None, str]:
+    """Why capturing `func(*args, **kwargs)` leaves an opaque node (None when it lowers), and
+    the ops of its graph that the prover takes as uninterpreted functions or random draws."""
     tensors = {f"a{i}": t for i, t in enumerate(x for x in tree_leaves((args, kwargs))
                                                 if isinstance(x, torch.Tensor))}
     try:
         graph = capture(nn.Module(), lambda: _as_outputs(func(*args, **kwargs)), tensors)
     except ScalifyError as error:
-        return str(error)
+        return str(error), ""
     opaque = [node for node in graph if node.op == "opaque"
               and node.attr("target") not in _BUFFERS]  # allocations: opaque until written
-    return f"{opaque[0].attr('target')}: {opaque[0].attr('reason')}" if opaque else None
+    if opaque:
+        return f"{opaque[0].attr('target')}: {opaque[0].attr('reason')}", ""
+    special = sorted({node.op for node in graph
+                      if node.op in UNINTERPRETED or OPS[node.op].trait == RANDOM})
+    return None, f" (uninterpreted or random: {', '.join(special)})" if special else ""
 
 
 def _as_outputs(result: Any) -> list:
@@ -132,15 +137,15 @@ def measure() -> Coverage:
         if func.overloadpacket.__name__ in _SHAPE_QUERIES:
             coverage.lowered[name] = "shape query (answered at capture)"
             continue
-        sample = _SAMPLES.get(func.overloadpacket.__name__) or _sample(func)
-        if sample is None:
+        arguments = sample(name) or _sample(func)
+        if arguments is None:
             coverage.unprobed.append(name)
             target = coverage.lowered if how else coverage.missing
             target[name] = how or "no lowering or decomposition"
             continue
-        failure = _probe(func, *sample)
+        failure, special = _probe(func, *arguments)
         if failure is None:
-            coverage.lowered[name] = how or "identity"
+            coverage.lowered[name] = (how or "identity") + special
         else:
             coverage.missing[name] = failure
     return coverage
@@ -153,6 +158,9 @@ def main() -> None:
     print(f"not lowered ({len(coverage.missing)}):")
     for name, why in coverage.missing.items():
         print(f"  {name}: {why}")
+    print("lowered:")
+    for name, how in coverage.lowered.items():
+        print(f"  {name}: {how}")
     print(f"classified by the tables alone, no sample built ({len(coverage.unprobed)}): "
           f"{', '.join(coverage.unprobed)}")
 

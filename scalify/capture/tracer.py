@@ -22,6 +22,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from ..errors import CaptureError, ScalifyError
 from ..ir.graph import Graph, SourceLoc
+from ..ir.ops import COLLECTIVE, OPS, POINT_TO_POINT, RANDOM
 from . import c10d
 from .aten import LOWERINGS, lower, lowering_name, opaque
 from .as_gpu import as_gpu, capture_device
@@ -33,6 +34,7 @@ from .dtensor import has_dtensor, local_tensor, sharding_propagation_unrecorded
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _CAPTURE_DIR = os.path.dirname(__file__)
 _POINT_TO_POINT = ("send", "recv_")  # lowered in aten.py; every other c10d op is a collective
+_VARYING = (RANDOM, COLLECTIVE, POINT_TO_POINT)  # op traits whose values no program text fixes
 _COLLECTIVE_GROUP_ARG = {"all_reduce": 2, "all_gather_into_tensor": 2, "reduce_scatter_tensor": 3,
                          "all_to_all_single": 3}
 
@@ -201,6 +203,8 @@ class _Recorder(TorchDispatchMode):
             result = self._decompose(func, decomposition, args, kwargs)
             if result is not NotImplemented:
                 return result
+        if func is torch.ops.aten._local_scalar_dense.default:
+            self._read_into_python(args[0])
         out = _run(func, args, kwargs)
         if func.namespace == "c10d" and func.overloadpacket.__name__ not in _POINT_TO_POINT:
             self._collective(func, args, out)
@@ -228,6 +232,24 @@ class _Recorder(TorchDispatchMode):
         for tensor in _written(func, args, kwargs):
             self._write_through(tensor)
         return out
+
+    def _read_into_python(self, tensor: torch.Tensor) -> None:
+        """`.item()`, `int(x)`, `if x:`: the program goes on with a Python number, which the graph
+        would hold as a constant. Refused unless the tensor is a constant of the program (no
+        input, random draw, collective or op kept opaque lies upstream of it)."""
+        graph, stack, seen = self.builder.graph, [self.ref(tensor).name], set()
+        while stack:
+            node = graph[stack.pop()]
+            if node.name in seen:
+                continue
+            seen.add(node.name)
+            if node.op in ("placeholder", "opaque") or OPS[node.op].trait in _VARYING:
+                raise CaptureError(
+                    f"{self.sources.current()}: a tensor computed from the inputs (or drawn at "
+                    "random, or from other ranks) is read into Python (.item(), int(), bool(), "
+                    "an `if` on a tensor); the captured graph would hold its value as a "
+                    "constant, so Scalify refuses it")
+            stack.extend(node.inputs)
 
     def _collective(self, func: Any, args: tuple, out: Any) -> None:
         """An in-place c10d collective: rebind the tensors it overwrites to its result (to

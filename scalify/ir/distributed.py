@@ -10,7 +10,7 @@ import torch
 
 from ..errors import ScalifyError
 from .graph import Graph, Node
-from .ops import OPS
+from .ops import OPS, RANDOM
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 _SHAPES_MAY_DIFFER = ("all_to_all",)  # each rank receives its own blocks
@@ -163,13 +163,14 @@ _PLAIN = (int, float, str, bool, tuple, type(None))
 
 
 def constant_keys(graph: Graph) -> dict[str, str]:
-    """A key for every node that depends on no placeholder (same value on every rank): a hash of
-    its value where the interpreter can compute it (so `x.t().t()` or an operand order makes no
-    difference), else a hash of its structure."""
+    """A key for every node that depends on no placeholder or random draw (same value on every
+    rank): a hash of its value where the interpreter can compute it (so `x.t().t()` or an
+    operand order makes no difference), else a hash of its structure."""
     keys: dict[str, str] = {}
     values: dict[str, torch.Tensor | None] = {}
     for node in graph:
-        if node.op in ("placeholder", "opaque") or node.op in COLLECTIVES:
+        if (node.op in ("placeholder", "opaque") or node.op in COLLECTIVES
+                or OPS[node.op].trait == RANDOM):  # (a draw differs by call and by rank)
             continue
         if node.op == "add_scalar" and node.attr("value") == 0 and node.inputs[0] in keys:
             keys[node.name] = keys[node.inputs[0]]  # x + 0 (positions after no cached tokens)

@@ -11,6 +11,8 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from .uninterpreted import APPLICATIONS
+
 Shape = tuple[int, ...]
 Attrs = dict[str, Any]
 
@@ -19,6 +21,7 @@ UNARY, BINARY, WHERE, REDUCE, SOFTMAX, MATMUL = "unary", "binary", "where", "red
 MOVEMENT, EMBEDDING, OPAQUE, CONSTANT, PLACEHOLDER, COLLECTIVE = (
     "movement", "embedding", "opaque", "constant", "placeholder", "collective")
 POINT_TO_POINT = "point_to_point"  # send/recv: linked across ranks when the graphs are merged
+RANDOM = "random"  # a random draw: equal to no other value, not even another draw's
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,9 @@ _BINARY: dict[str, Callable[[torch.Tensor, torch.Tensor, Attrs], torch.Tensor]] 
     "ge": lambda x, y, a: x >= y,
     "bitwise_and": lambda x, y, a: x & y,
     "bitwise_or": lambda x, y, a: x | y,
+    "bitwise_xor": lambda x, y, a: x ^ y,
+    "div_floor": lambda x, y, a: torch.div(x, y, rounding_mode="floor"),
+    "div_trunc": lambda x, y, a: torch.div(x, y, rounding_mode="trunc"),
     "logical_and": lambda x, y, a: torch.logical_and(x, y),
     "logical_or": lambda x, y, a: torch.logical_or(x, y),
     "masked_fill": lambda x, mask, a: x.masked_fill(mask, a["value"]),
@@ -322,6 +328,16 @@ for _op in [
     # The gradient of an embedding table: rows[ids[..]] += grad[..], over `rows` rows.
     OpDef("embedding_grad", OPAQUE, _embedding_grad_shape,
           lambda xs, a: _embedding_grad(xs[0], xs[1], a)),
+    # The product along `dim` (kept as size 1), as `sum`; no rules: an uninterpreted function.
+    OpDef("prod", OPAQUE, _reduce_shape, lambda xs, a: xs[0].prod(a["dim"], keepdim=True)),
+    # Fresh random draws of `shape` (a unique `draw` attribute keeps any two apart): uniform in
+    # [0, 1), standard normal, a permutation of 0..n-1.
+    OpDef("rand", RANDOM, _attr_shape,
+          lambda xs, a: torch.rand(a["shape"], dtype=_dtype(a["dtype"]))),
+    OpDef("randn", RANDOM, _attr_shape,
+          lambda xs, a: torch.randn(a["shape"], dtype=_dtype(a["dtype"]))),
+    OpDef("randperm", RANDOM, _attr_shape,
+          lambda xs, a: torch.randperm(a["shape"][0], dtype=_dtype(a["dtype"]))),
     # An op with no lowering (`target` names it): only its output's shape and dtype are known.
     OpDef("opaque", OPAQUE, _attr_shape, _opaque),
     OpDef("all_reduce", COLLECTIVE, _same, _collective),
@@ -334,6 +350,12 @@ for _op in [
     OpDef("recv", POINT_TO_POINT, _attr_shape, _collective),
 ]:
     _register(_op)
+for _name, _application in APPLICATIONS.items():  # aten ops as uninterpreted functions
+    _register(OpDef(_name, OPAQUE, _application.shape, _application.run))
+
+
+# Ops no rewrite rule mentions: the prover knows only that equal inputs give equal values.
+UNINTERPRETED = frozenset(APPLICATIONS) | {"prod", "index", "topk", "topk_index"}
 
 
 def infer_shape(op: str, shapes: list[Shape], attrs: Attrs) -> Shape:

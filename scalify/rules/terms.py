@@ -51,6 +51,7 @@ DECLARATIONS = f"""
   (pad T i64 i64 i64 String :cost {COMPUTE_COST})
   (cmp_int String T i64 :cost {COMPUTE_COST})
   (add_int T i64 :cost {COMPUTE_COST})
+  (opaque0 String :cost {COMPUTE_COST})
   (opaque1 String T :cost {COMPUTE_COST})
   (opaque2 String T T :cost {COMPUTE_COST})
   (opaque3 String T T T :cost {COMPUTE_COST})
@@ -391,6 +392,7 @@ _CONSTRUCTORS = {
                                                      "value": ast.literal_eval(v)}),
     "cmp_int": lambda f, x, v: _run(f + "_scalar", [x], {"value": v}),
     "add_int": lambda x, v: x + v,
+    "opaque0": lambda f: _keyed(f, []),
     "opaque1": lambda f, *xs: _keyed(f, list(xs)),
     "opaque2": lambda f, *xs: _keyed(f, list(xs)),
     "opaque3": lambda f, *xs: _keyed(f, list(xs)),

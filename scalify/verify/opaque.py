@@ -1,7 +1,8 @@
 """Ops the capture could not lower (`opaque` nodes): what depends on them, and how to say so.
 
 Nothing is known about an opaque value, so no relation through it is proven or refuted: the
-verdict of everything that depends on it is unknown, never verified.
+verdict of everything that depends on it is unknown, never verified. So it is for a random draw
+of the reference: no draw of the ranks is known to equal it.
 """
 from __future__ import annotations
 
@@ -18,13 +19,15 @@ def opaque_dependents(graph: Graph) -> set[str]:
 
 
 def unknown_reason(graph: Graph, node: Node) -> str:
-    """The report line for opaque node `node` of the reference `graph`."""
+    """The report line for opaque node (or random draw) `node` of the reference `graph`."""
     found = {node.name}
     for other in graph:
         if found.intersection(other.inputs):
             found.add(other.name)
-    return (f"{node.attr('target')} at {node.source}: {node.attr('reason')}; the "
-            f"{len(found) - 1} op(s) depending on it are unknown")
+    what = (f"{node.attr('target')} at {node.source}: {node.attr('reason')}" if node.op == "opaque"
+            else f"aten.{node.op} at {node.source}: a random draw, which no draw of the ranks "
+                 "is known to equal")
+    return f"{what}; the {len(found) - 1} op(s) depending on it are unknown"
 
 
 def opaque_sources(graph: Graph, names: set[str]) -> str:

@@ -16,7 +16,7 @@ from typing import Callable
 from ..errors import ShapeError
 from ..ir.distributed import COLLECTIVES, DistributedGraph, constant_terms
 from ..ir.graph import Graph, Node, SourceLoc
-from ..ir.ops import MOVEMENT, OPS
+from ..ir.ops import MOVEMENT, OPS, RANDOM
 from ..placements import Custom, Placement, Replicate, Stage
 from ..report.model import Discrepancy
 from ..rules.families import LINEAR_UNARY_OPS
@@ -218,7 +218,7 @@ class Verifier:
                result: Verification) -> None:
         if node.op == "placeholder":
             relations[node.name] = self._input_relation(node, self.placements)
-        elif node.op == "opaque":
+        elif node.op == "opaque" or OPS[node.op].trait == RANDOM:
             relations[node.name] = None
             result.unknown.append(unknown_reason(self.ref, node))
         elif node.name in self.ref_const:

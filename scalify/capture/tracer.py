@@ -136,22 +136,23 @@ class _Recorder(TorchDispatchMode):
         self.builder = builder
         self.sources = sources
         self.group_ranks = group_ranks
-        # id -> (tensor, its node, the tensor's version counter when bound: a view whose
-        # storage was written since through its base or another view is derived again)
+        # id -> (tensor, its node, when it was bound): a view read after its base was bound
+        # again (written in place, or through another view) is derived from the base again
         self.refs: dict[int, tuple[torch.Tensor, Ref, int]] = {}
+        self._binds = 0
         self._decomposing: set[Any] = set()  # ops whose decomposition is running
 
     def bind(self, tensor: torch.Tensor, ref: Ref) -> None:
-        self.refs[id(tensor)] = (tensor, ref, tensor._version)
+        self._binds += 1
+        self.refs[id(tensor)] = (tensor, ref, self._binds)
 
     def ref(self, value: Any) -> Any:
         if not isinstance(value, torch.Tensor):
             return value
         entry = self.refs.get(id(value))
-        base = value._base
-        stale = entry is None or entry[2] != value._version
-        if stale and base is not None and id(base) in self.refs:
-            return self._view_again(value, base)
+        base = self.refs.get(id(value._base)) if value._base is not None else None
+        if base is not None and (entry is None or entry[2] < base[2]):
+            return self._view_again(value, value._base)
         if entry is not None:
             return entry[1]
         return self._literal(value)

@@ -177,7 +177,7 @@ class EgglogSession:
         outputs += egraph.run_program(*egraph.parse_program(f"(run {INVERSES_RULESET} 1)"))
         try:
             return outputs + self._saturate(egraph, settled, self.rulesets,
-                                            stop_at=min(4 * nodes, self.limits.search_nodes))
+                                            stop_at=self.limits.search_nodes)
         except WindowLimitExceeded:
             return outputs
 

@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed._functional_collectives as funcol
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 from torch.utils._pytree import tree_leaves, tree_map
 
@@ -146,6 +147,10 @@ class _Recorder(TorchDispatchMode):
         self._binds += 1
         self.refs[id(tensor)] = (tensor, ref, self._binds)
 
+    def holds(self, tensor: torch.Tensor) -> bool:
+        """Whether `tensor` (or the base it views) is a value of the captured program."""
+        return id(tensor) in self.refs or (tensor._base is not None and id(tensor._base) in self.refs)
+
     def ref(self, value: Any) -> Any:
         if not isinstance(value, torch.Tensor):
             return value
@@ -170,6 +175,10 @@ class _Recorder(TorchDispatchMode):
         base = written._base
         if base is None or id(base) not in self.refs:
             return
+        # bound again now: the write of another view of `base` just before (all_gather into a
+        # list of views) must not make `written` read as a view of that base
+        if id(written) in self.refs:
+            self.bind(written, self.refs[id(written)][1])
         with self._recording():
             merged = torch.ops.aten.as_strided_scatter(
                 base, written, written.size(), written.stride(), written.storage_offset())
@@ -247,7 +256,7 @@ class _Recorder(TorchDispatchMode):
             if node.op in ("placeholder", "opaque") or OPS[node.op].trait in _VARYING:
                 raise CaptureError(
                     f"{self.sources.current()}: a tensor computed from the inputs (or drawn at "
-                    "random, or from other ranks) is read into Python (.item(), int(), bool(), "
+                    "random, or from other ranks) is read into Python (.item(), .tolist(), int(), bool(), "
                     "an `if` on a tensor); the captured graph would hold its value as a "
                     "constant, so Scalify refuses it")
             stack.extend(node.inputs)
@@ -295,6 +304,22 @@ class _Recorder(TorchDispatchMode):
         for tensor, ref in zip(out, result):
             if isinstance(tensor, torch.Tensor) and ref is not None:
                 self.bind(tensor, ref)
+
+
+class _ReadsIntoPython(TorchFunctionMode):
+    """`.tolist()` and `.numpy()` read a tensor's values without dispatching an op: the
+    recorder checks them as it checks `.item()`."""
+
+    _READS = (torch.Tensor.tolist, torch.Tensor.numpy)
+
+    def __init__(self, recorder: _Recorder) -> None:
+        super().__init__()
+        self.recorder = recorder
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        if func in self._READS and self.recorder.holds(args[0]):
+            self.recorder._read_into_python(args[0])
+        return func(*args, **kwargs or {})
 
 
 @contextmanager
@@ -371,7 +396,8 @@ def capture(module: torch.nn.Module, call: Callable[[], Any], inputs: dict[str, 
     hooks = [register_module_forward_pre_hook(sources.enter), register_module_forward_hook(sources.leave)]
     try:
         with (torch.set_grad_enabled(grad), sharding_propagation_unrecorded(),
-              functional_collectives_waited(), as_gpu(capture_device(inputs)), recorder):
+              functional_collectives_waited(), as_gpu(capture_device(inputs)), recorder,
+              _ReadsIntoPython(recorder)):
             result = call()
     except RuntimeError as error:  # raised outside the recorder's own calls, e.g. by DTensor
         raise CaptureError(f"{sources.failure(error)}: {str(error).splitlines()[0]}") from None

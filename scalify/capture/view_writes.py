@@ -3,10 +3,12 @@ new value as the untouched blocks of the old one around the written block.
 
 The tracer turns every write into a view into `aten.as_strided_scatter(base, view, size, stride,
 offset)`; this lowers it when the view is a block of a dense row-major base (a slice or an index
-along any dims, in any dim order), and refuses (so the value is opaque) otherwise.
+along any dims, in any dim order, or a contiguous reshape of whole rows), and refuses (so the
+value is opaque) otherwise.
 """
 from __future__ import annotations
 
+from math import prod
 from typing import Any
 
 from ..errors import CaptureError
@@ -21,9 +23,37 @@ def _as_strided_scatter(b: GraphBuilder, name: str, args: list, kwargs: dict, ou
     base_stride, base_offset = kwargs["input_layout"]
     if list(base_stride) != _row_major(base.shape):
         raise CaptureError("aten.as_strided_scatter into a base that is not dense and row-major")
-    starts, dims = _block(base.shape, size, stride, (offset or base_offset) - base_offset)
-    block = _as_block(b, src, size, dims, len(base.shape))
+    offset = (offset or base_offset) - base_offset
+    try:
+        starts, dims = _block(base.shape, size, stride, offset)
+        block = _as_block(b, src, size, dims, len(base.shape))
+    except CaptureError:
+        if any(step != dense for extent, step, dense in zip(size, stride, _row_major(size))
+               if extent > 1):
+            raise
+        starts, shape = _rows(base.shape, offset, prod(size))
+        block = b.reshape(src, shape)
     return _written(b, base, block, starts, 0)
+
+
+def _rows(shape: tuple[int, ...], offset: int, count: int) -> tuple[list[int], tuple[int, ...]]:
+    """A contiguous view of another shape (`buf.view(s, b, h)` of a `[s*b, h]` base) written at
+    `offset`: the block of whole rows of one base dim it covers, as the first index of each base
+    dim and the block's shape; a CaptureError if it covers no such block."""
+    for dim in range(len(shape)):
+        inner = prod(shape[dim + 1:])
+        if offset % inner or count % inner:
+            continue
+        first, rows = offset // inner, count // inner
+        if first % shape[dim] + rows > shape[dim]:
+            continue
+        starts = []
+        for extent in reversed(shape[:dim + 1]):
+            starts.insert(0, first % extent)
+            first //= extent
+        block = (1,) * dim + (rows,) + tuple(shape[dim + 1:])
+        return starts + [0] * (len(shape) - dim - 1), block
+    raise CaptureError("aten.as_strided_scatter of a view that is not a block of its base")
 
 
 def _row_major(shape: tuple[int, ...]) -> list[int]:

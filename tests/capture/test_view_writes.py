@@ -57,8 +57,17 @@ def _detached_gradient_overwritten(x):
     return g
 
 
+def _through_a_reshaped_view(x):
+    y = x.clone()
+    y.view(2, 2, 6).mul_(2)  # a [s, b, h] view of a [s*b, h] buffer, as sequence-first code has
+    y.view(24)[6:12].zero_()  # whole rows of a flat view
+    y.view(2, 12)[1, 6:].add_(1)  # a row of a 2-row view: row 3 of the base
+    return y
+
+
 CASES = [_filled_block_by_block, _added_into_rows, _through_a_transpose, _cache_slots,
-         _stale_view_read_after_write, _nested_views, _detached_gradient_overwritten]
+         _stale_view_read_after_write, _nested_views, _detached_gradient_overwritten,
+         _through_a_reshaped_view]
 
 
 @pytest.mark.parametrize("program", CASES, ids=lambda f: f.__name__.strip("_"))
@@ -81,3 +90,4 @@ def test_a_write_into_a_view_that_is_no_block_is_opaque():
 
     graph = capture(nn.Module(), lambda: program(x), {"x": x})
     assert [n for n in graph if n.op == "opaque"]
+

@@ -77,6 +77,13 @@ def test_reading_a_computed_value_into_python_is_refused():
         capture(nn.Module(), lambda: x * (x.sum().item()), {"x": x})
 
 
+@pytest.mark.parametrize("read", [lambda t: t.tolist(), lambda t: t.numpy()])
+def test_reading_a_computed_value_as_a_list_is_refused(read):
+    x = torch.ones(3)
+    with pytest.raises(CaptureError, match="read into Python"):
+        capture(nn.Module(), lambda: x * read(x.view(3, 1).sum(1))[0], {"x": x})
+
+
 def test_reading_a_random_draw_into_python_is_refused():
     with pytest.raises(CaptureError, match="read into Python"):
         capture(nn.Module(), lambda: torch.ones(2) * torch.rand(()).item(), {})
@@ -86,3 +93,5 @@ def test_reading_a_constant_into_python_is_allowed():
     x = torch.ones(3)
     graph = capture(nn.Module(), lambda: x * torch.tensor([2.0, 3.0]).sum().item(), {"x": x})
     assert [n.attr("value") for n in graph if n.op == "mul_scalar"] == [5.0]
+    graph = capture(nn.Module(), lambda: x * torch.tensor([2.0, 3.0]).tolist()[1], {"x": x})
+    assert [n.attr("value") for n in graph if n.op == "mul_scalar"] == [3.0]

@@ -246,14 +246,15 @@ class _Recorder(TorchDispatchMode):
     def _read_into_python(self, tensor: torch.Tensor) -> None:
         """`.item()`, `int(x)`, `if x:`: the program goes on with a Python number, which the graph
         would hold as a constant. Refused unless the tensor is a constant of the program (no
-        input, random draw, collective or op kept opaque lies upstream of it)."""
+        input, random draw, collective or uninitialised memory lies upstream of it; an op kept
+        opaque, like `nonzero` on DeviceMesh's table of ranks, is a function of its inputs)."""
         graph, stack, seen = self.builder.graph, [self.ref(tensor).name], set()
         while stack:
             node = graph[stack.pop()]
             if node.name in seen:
                 continue
             seen.add(node.name)
-            if node.op in ("placeholder", "opaque") or OPS[node.op].trait in _VARYING:
+            if node.op == "placeholder" or _varying(node):
                 raise CaptureError(
                     f"{self.sources.current()}: a tensor computed from the inputs (or drawn at "
                     "random, or from other ranks) is read into Python (.item(), .tolist(), int(), bool(), "
@@ -307,8 +308,10 @@ class _Recorder(TorchDispatchMode):
 
 
 class _ReadsIntoPython(TorchFunctionMode):
-    """`.tolist()` and `.numpy()` read a tensor's values without dispatching an op: the
-    recorder checks them as it checks `.item()`."""
+    """Calls that read a tensor's values into Python outside the dispatcher: `.tolist()` and
+    `.numpy()` are checked as `.item()` is; `F.one_hot` with its number of classes given runs
+    as the comparison it is (PyTorch's eager version reads its input's min and max to check
+    the range, which would refuse every MoE router written with it)."""
 
     _READS = (torch.Tensor.tolist, torch.Tensor.numpy)
 
@@ -317,9 +320,15 @@ class _ReadsIntoPython(TorchFunctionMode):
         self.recorder = recorder
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
         if func in self._READS and self.recorder.holds(args[0]):
             self.recorder._read_into_python(args[0])
-        return func(*args, **kwargs or {})
+        if func is torch.nn.functional.one_hot:
+            classes = args[1] if len(args) > 1 else kwargs.get("num_classes", -1)
+            if classes > 0:
+                labels = torch.arange(classes, dtype=args[0].dtype, device=args[0].device)
+                return (args[0].unsqueeze(-1) == labels).long()
+        return func(*args, **kwargs)
 
 
 @contextmanager
@@ -333,6 +342,14 @@ def functional_collectives_waited() -> Iterator[None]:
         yield
     finally:
         funcol._are_we_tracing = traced
+
+
+def _varying(node: Any) -> bool:
+    """A value no program text fixes: a random draw, another rank's data, or an opaque op that
+    reads no input (uninitialised memory) or that communicates (a collective with no lowering)."""
+    if node.op != "opaque":
+        return OPS[node.op].trait in _VARYING
+    return not node.inputs or node.attr("target").split(".")[0] in ("c10d", "_c10d_functional")
 
 
 def _written(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:

@@ -83,8 +83,9 @@ class Graph:
         return result
 
     def pruned(self) -> Graph:
-        """The graph without nodes that no output or send depends on (placeholders are kept)."""
-        live = set(self.outputs) | {node.name for node in self.nodes if node.op == "send"}
+        """The graph without nodes that no output, send or recv depends on (placeholders are
+        kept; a recv whose value goes unused still pairs with its peer's send)."""
+        live = set(self.outputs) | {node.name for node in self.nodes if node.op in ("send", "recv")}
         for node in reversed(self.nodes):
             if node.name in live:
                 live.update(node.inputs)

@@ -67,6 +67,11 @@ def _row_rules() -> list[Rule]:
         Rule("matmul-merged-rows", "(matmul (merge a 0 i) y 2)",
              "(merge (matmul a (expand (unsqueeze y 0) 0 n) 3) 0 i)", _rows,
              when=("(= n (dimsize a 0))",)),
+        # Batched products on merged batch dims ([b*h, s, d] from [b, h, s, d]) are the product
+        # on the unmerged batch (the same batches pair up: both operands merge alike).
+        Rule("matmul-merged-batch", "(matmul (merge a 0 i) (merge b 0 i) 3)",
+             "(merge (matmul a b 4) 0 i)",
+             lambda gen, c: {"a": tensor(gen, 2, 3, M, K), "b": tensor(gen, 2, 3, K, N), "i": 3}),
         Rule("matmul-transposed-rows", "(matmul (transpose a 0 1) (expand (unsqueeze y 0) 0 m) 3)",
              "(transpose (matmul a (expand (unsqueeze y 0) 0 n) 3) 0 1)", _rows,
              when=("(= n (dimsize a 0))", "(= m (dimsize a 1))")),

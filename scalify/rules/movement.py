@@ -286,6 +286,10 @@ def _reshape_rules() -> list[Rule]:
              "(split (expand x d (* m i)) d i)",
              lambda gen, c: {"x": tensor(gen, 4, 1, 3), "d": 1, "m": 3, "i": 2},
              when=("(= (dimsize x d) 1)", "(> i 0)", "(> m 0)")),
+        Rule("split-broadcast", "(split (expand x d n) d i)",
+             "(expand (expand (unsqueeze x d) d (/ n i)) (+ d 1) i)",
+             lambda gen, c: {"x": tensor(gen, 4, 1, 3), "d": 1, "n": 6, "i": 2},
+             when=("(= (dimsize x d) 1)", "(> i 0)", "(= (% n i) 0)")),
     ]
 
 
@@ -355,16 +359,26 @@ def _blocks_in_zeros(rank: int, dim: int) -> Rule:
                 trigger=f'(pad a {dim} 0 nb "0.0")')
 
 
-# Shape facts the size-dependent rules read: a concat's parts have the sizes it records, an
-# unsqueezed dim has size 1, a partial sum has its parts' sizes, a slice's dim the size it
-# selects, and elementwise ops (operands broadcast explicitly) their operands' sizes.
+# Shape facts the size-dependent rules read: a concat's parts have the sizes it records (its
+# other dims its first part's), an unsqueezed dim has size 1, a partial sum has its parts'
+# sizes, a slice's dim the size it selects, elementwise ops (operands broadcast explicitly)
+# their operands' sizes, a rank concatenation and a merge the sizes they keep.
 FACT_RULES = (
     "(rule ((= t (concat a b d na nb))) "
     "((set (dimsize a d) na) (set (dimsize b d) nb) (set (dimsize t d) (+ na nb))) :ruleset lemmas)",
+    "(rule ((= t (concat a b d na nb)) (= n (dimsize a k)) (!= k d)) ((set (dimsize t k) n)) "
+    ":ruleset lemmas)",
     "(rule ((= t (unsqueeze x d))) ((set (dimsize t d) 1)) :ruleset lemmas)",
     "(rule ((= t (psum a b)) (= n (dimsize a d))) ((set (dimsize t d) n)) :ruleset lemmas)",
     "(rule ((= t (slice x d s e))) ((set (dimsize t d) (- e s))) :ruleset lemmas)",
     "(rule ((= t (unary f x)) (= n (dimsize x d))) ((set (dimsize t d) n)) :ruleset lemmas)",
     "(rule ((= t (binary f x y)) (= n (dimsize x d))) ((set (dimsize t d) n)) :ruleset lemmas)",
     "(rule ((= t (binary f x y)) (= n (dimsize y d))) ((set (dimsize t d) n)) :ruleset lemmas)",
+    # a rank concatenation holds every rank's part along its dim, its parts' sizes elsewhere
+    "(rule ((= t (rcat x d s)) (= w (world))) ((set (dimsize t d) (* s w))) :ruleset lemmas)",
+    "(rule ((= t (rcat x d s)) (= n (dimsize x k)) (!= k d)) ((set (dimsize t k) n)) "
+    ":ruleset lemmas)",
+    # a merge of dims d and d+1 keeps the dims before d
+    "(rule ((= t (merge x d i)) (= n (dimsize x k)) (< k d)) ((set (dimsize t k) n)) "
+    ":ruleset lemmas)",
 )

@@ -75,3 +75,11 @@ def test_a_received_tensor_returned_as_an_output_is_the_sent_one():
     receiver.outputs = ["r0"]
     merged = merge_ranks([_sender("y"), receiver])
     assert merged.rank_outputs == [[], ["r0/y"]]
+
+
+def test_a_recv_whose_value_goes_unused_still_pairs_with_its_send():
+    """Ring attention's last block is received and never read on a rank it is masked on."""
+    receiver = _receiver(2)
+    receiver.outputs = ["v0"]
+    merged = merge_ranks([_sender("x", "y").pruned(), receiver.pruned()])
+    assert merged.rank_outputs == [[], ["r1/v0"]]

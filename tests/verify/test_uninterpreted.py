@@ -11,6 +11,7 @@ from torch import nn
 import scalify
 from scalify.capture.tracer import capture
 from scalify.errors import CaptureError
+from scalify.verify.numeric import run_graph
 
 HIDDEN, FFN, WORLD = 16, 16, 2
 
@@ -95,3 +96,15 @@ def test_reading_a_constant_into_python_is_allowed():
     assert [n.attr("value") for n in graph if n.op == "mul_scalar"] == [5.0]
     graph = capture(nn.Module(), lambda: x * torch.tensor([2.0, 3.0]).tolist()[1], {"x": x})
     assert [n.attr("value") for n in graph if n.op == "mul_scalar"] == [3.0]
+    # an op kept opaque (nonzero) on constants, as DeviceMesh slicing does: a constant too
+    graph = capture(nn.Module(), lambda: x * torch.tensor([0, 0, 2]).nonzero()[0, 0].item(),
+                    {"x": x})
+    assert [n.attr("value") for n in graph if n.op == "mul_scalar"] == [2.0]
+
+
+def test_one_hot_of_computed_labels_is_captured_not_refused():
+    """PyTorch's eager one_hot reads the labels' range into Python; captured, it compares."""
+    x = torch.tensor([[0.1, 0.9, 0.0], [0.7, 0.2, 0.1]])
+    program = lambda: F.one_hot(x.argmax(dim=1), 3) * x  # noqa: E731
+    graph = capture(nn.Module(), program, {"x": x})
+    assert torch.equal(run_graph(graph, {"x": x})[graph.outputs[0]], program())

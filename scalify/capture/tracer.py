@@ -8,6 +8,7 @@ DTensor, and its local ops are recorded (see dtensor.py): a rank's graph is its 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import linecache
 import os
 import sys
@@ -35,7 +36,13 @@ from .dtensor import has_dtensor, local_tensor, sharding_propagation_unrecorded
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _CAPTURE_DIR = os.path.dirname(__file__)
 _POINT_TO_POINT = ("send", "recv_")  # lowered in aten.py; every other c10d op is a collective
-_VARYING = (RANDOM, COLLECTIVE, POINT_TO_POINT)  # op traits whose values no program text fixes
+_VARYING = (RANDOM, COLLECTIVE, POINT_TO_POINT)
+# F.scaled_dot_product_attention's parameters (its C binding has no signature to read)
+_SDPA = inspect.Signature([inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                             default=default) for name, default in (
+    ("query", inspect.Parameter.empty), ("key", inspect.Parameter.empty),
+    ("value", inspect.Parameter.empty), ("attn_mask", None), ("dropout_p", 0.0),
+    ("is_causal", False), ("scale", None), ("enable_gqa", False))])  # op traits whose values no program text fixes
 _COLLECTIVE_GROUP_ARG = {"all_reduce": 2, "all_gather_into_tensor": 2, "reduce_scatter_tensor": 3,
                          "all_to_all_single": 3}
 
@@ -307,11 +314,13 @@ class _Recorder(TorchDispatchMode):
                 self.bind(tensor, ref)
 
 
-class _ReadsIntoPython(TorchFunctionMode):
-    """Calls that read a tensor's values into Python outside the dispatcher: `.tolist()` and
-    `.numpy()` are checked as `.item()` is; `F.one_hot` with its number of classes given runs
-    as the comparison it is (PyTorch's eager version reads its input's min and max to check
-    the range, which would refuse every MoE router written with it)."""
+class _PythonLevelCalls(TorchFunctionMode):
+    """Calls the recorder must see before dispatch. `.tolist()` and `.numpy()` read values
+    without dispatching an op: checked as `.item()` is. `F.one_hot` with its number of classes
+    given runs as the comparison it is (PyTorch's eager version reads its input's min and max
+    to check the range, which would refuse every MoE router written with it). Attention
+    without dropout runs PyTorch's math version, whose backward is made of recorded ops (a
+    fused kernel's backward, such as the CPU flash attention's, has no lowering)."""
 
     _READS = (torch.Tensor.tolist, torch.Tensor.numpy)
 
@@ -328,6 +337,11 @@ class _ReadsIntoPython(TorchFunctionMode):
             if classes > 0:
                 labels = torch.arange(classes, dtype=args[0].dtype, device=args[0].device)
                 return (args[0].unsqueeze(-1) == labels).long()
+        if func is torch.nn.functional.scaled_dot_product_attention:
+            bound = _SDPA.bind(*args, **kwargs)
+            bound.apply_defaults()
+            if not bound.arguments["dropout_p"]:
+                return torch.ops.aten._scaled_dot_product_attention_math(**bound.arguments)[0]
         return func(*args, **kwargs)
 
 
@@ -414,7 +428,7 @@ def capture(module: torch.nn.Module, call: Callable[[], Any], inputs: dict[str, 
     try:
         with (torch.set_grad_enabled(grad), sharding_propagation_unrecorded(),
               functional_collectives_waited(), as_gpu(capture_device(inputs)), recorder,
-              _ReadsIntoPython(recorder)):
+              _PythonLevelCalls(recorder)):
             result = call()
     except RuntimeError as error:  # raised outside the recorder's own calls, e.g. by DTensor
         raise CaptureError(f"{sources.failure(error)}: {str(error).splitlines()[0]}") from None

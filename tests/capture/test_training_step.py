@@ -61,3 +61,24 @@ def test_backward_ops_are_charged_to_their_forward_lines():
     assert grad_of_down.source.backward
     assert grad_of_down.source.module == "model.layers.0.mlp.down_proj"
     assert "down_proj" in grad_of_down.source.code
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_attention_backward_is_captured_op_by_op(causal):
+    """F.scaled_dot_product_attention runs as its math version: its gradient is recorded op
+    by op (a fused kernel's backward would be opaque) and equals autograd's."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 5, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+    module = torch.nn.Module()
+
+    def step(q, k, v):
+        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return (out, *torch.autograd.grad(out.square().sum(), (q, k, v)))
+
+    inputs = {"q": q, "k": k, "v": v}
+    graph = capture(module, lambda: step(q, k, v), inputs, grad=True)
+    assert not [node for node in graph if node.op == "opaque"]
+    values = run_graph(graph, inputs)
+    for name, expected in zip(graph.outputs, step(q, k, v)):
+        assert torch.allclose(values[name], expected)

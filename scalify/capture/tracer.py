@@ -8,7 +8,6 @@ DTensor, and its local ops are recorded (see dtensor.py): a rank's graph is its 
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import linecache
 import os
 import sys
@@ -36,13 +35,7 @@ from .dtensor import has_dtensor, local_tensor, sharding_propagation_unrecorded
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _CAPTURE_DIR = os.path.dirname(__file__)
 _POINT_TO_POINT = ("send", "recv_")  # lowered in aten.py; every other c10d op is a collective
-_VARYING = (RANDOM, COLLECTIVE, POINT_TO_POINT)
-# F.scaled_dot_product_attention's parameters (its C binding has no signature to read)
-_SDPA = inspect.Signature([inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                             default=default) for name, default in (
-    ("query", inspect.Parameter.empty), ("key", inspect.Parameter.empty),
-    ("value", inspect.Parameter.empty), ("attn_mask", None), ("dropout_p", 0.0),
-    ("is_causal", False), ("scale", None), ("enable_gqa", False))])  # op traits whose values no program text fixes
+_VARYING = (RANDOM, COLLECTIVE, POINT_TO_POINT)  # op traits whose values no program text fixes
 _COLLECTIVE_GROUP_ARG = {"all_reduce": 2, "all_gather_into_tensor": 2, "reduce_scatter_tensor": 3,
                          "all_to_all_single": 3}
 
@@ -264,9 +257,9 @@ class _Recorder(TorchDispatchMode):
             if node.op == "placeholder" or _varying(node):
                 raise CaptureError(
                     f"{self.sources.current()}: a tensor computed from the inputs (or drawn at "
-                    "random, or from other ranks) is read into Python (.item(), .tolist(), int(), bool(), "
-                    "an `if` on a tensor); the captured graph would hold its value as a "
-                    "constant, so Scalify refuses it")
+                    "random, or from other ranks) is read into Python (.item(), .tolist(), "
+                    "int(), bool(), an `if` on a tensor); the captured graph would hold its "
+                    "value as a constant, so Scalify refuses it")
             stack.extend(node.inputs)
 
     def _collective(self, func: Any, args: tuple, out: Any) -> None:
@@ -338,11 +331,21 @@ class _PythonLevelCalls(TorchFunctionMode):
                 labels = torch.arange(classes, dtype=args[0].dtype, device=args[0].device)
                 return (args[0].unsqueeze(-1) == labels).long()
         if func is torch.nn.functional.scaled_dot_product_attention:
-            bound = _SDPA.bind(*args, **kwargs)
-            bound.apply_defaults()
-            if not bound.arguments["dropout_p"]:
-                return torch.ops.aten._scaled_dot_product_attention_math(**bound.arguments)[0]
+            result = _math_attention(*args, **kwargs)
+            if result is not None:
+                return result
         return func(*args, **kwargs)
+
+
+def _math_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
+                    is_causal: bool = False, scale: float | None = None,
+                    enable_gqa: bool = False) -> torch.Tensor | None:
+    """`F.scaled_dot_product_attention` as PyTorch's math version; None with dropout."""
+    if dropout_p:
+        return None
+    return torch.ops.aten._scaled_dot_product_attention_math(
+        query, key, value, attn_mask, 0.0, is_causal, scale=scale, enable_gqa=enable_gqa)[0]
 
 
 @contextmanager

@@ -155,6 +155,8 @@ class _Recorder(TorchDispatchMode):
         if not isinstance(value, torch.Tensor):
             return value
         entry = self.refs.get(id(value))
+        if entry is None and value._base is not None and id(value._base) not in self.refs:
+            self._constant_base(value._base)
         base = self.refs.get(id(value._base)) if value._base is not None else None
         if base is not None and (entry is None or entry[2] < base[2]):
             return self._view_again(value, value._base)
@@ -193,6 +195,15 @@ class _Recorder(TorchDispatchMode):
         with self:
             yield
 
+    def _constant_base(self, base: torch.Tensor) -> None:
+        """Bind a constant that a first-read view was cut from before capture (Megatron's grad
+        buffer behind each `param.main_grad`), so writes through the view reach it; a base too
+        large to hold as a literal leaves the view a literal of its own."""
+        try:
+            self._literal(base)
+        except CaptureError:
+            pass
+
     def _literal(self, tensor: torch.Tensor) -> Ref:
         if tensor.is_meta or tensor.numel() > 4096:
             raise CaptureError(f"a tensor of shape {tuple(tensor.shape)} was used that is neither an "
@@ -215,14 +226,16 @@ class _Recorder(TorchDispatchMode):
                 return result
         if func is torch.ops.aten._local_scalar_dense.default:
             self._read_into_python(args[0])
-        out = _run(func, args, kwargs)
         if func.namespace == "c10d" and func.overloadpacket.__name__ not in _POINT_TO_POINT:
+            out = _run(func, args, kwargs)
             self._collective(func, args, out)
             return out
         name = lowering_name(func)[0]
         self.builder.source = self.sources.current()
+        # read before the op runs: a constant it writes in place is held as it was
         ref_args = [tree_map(self.ref, a) for a in args]
         ref_kwargs = {k: tree_map(self.ref, v) for k, v in kwargs.items()}
+        out = _run(func, args, kwargs)
         if name in ("as_strided", "as_strided_scatter"):  # the input's memory layout matters
             ref_kwargs["input_layout"] = (args[0].stride(), args[0].storage_offset())
         if func.namespace == "_c10d_functional" and name in _COLLECTIVE_GROUP_ARG:

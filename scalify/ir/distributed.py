@@ -162,29 +162,39 @@ _VALUE_KEY_LIMIT = 1 << 22  # elements: larger constants are keyed by structure 
 _PLAIN = (int, float, str, bool, tuple, type(None))
 
 
-def constant_keys(graph: Graph) -> dict[str, str]:
-    """A key for every node that depends on no placeholder or random draw (same value on every
-    rank): a hash of its value where the interpreter can compute it (so `x.t().t()` or an
-    operand order makes no difference), else a hash of its structure."""
-    keys: dict[str, str] = {}
+def constant_values(graph: Graph) -> dict[str, torch.Tensor | None]:
+    """Every node that depends on no placeholder, collective or random draw (the same value on
+    every rank), with its value where the interpreter can compute it, else None."""
     values: dict[str, torch.Tensor | None] = {}
     for node in graph:
         if (node.op in ("placeholder", "opaque") or node.op in COLLECTIVES
                 or OPS[node.op].trait == RANDOM):  # (a draw differs by call and by rank)
             continue
-        if node.op == "add_scalar" and node.attr("value") == 0 and node.inputs[0] in keys:
-            keys[node.name] = keys[node.inputs[0]]  # x + 0 (positions after no cached tokens)
-            values[node.name] = values[node.inputs[0]]
+        if all(i in values for i in node.inputs):
+            values[node.name] = _constant_value(node, [values[i] for i in node.inputs])
+    return values
+
+
+def constant_keys(graph: Graph) -> dict[str, str]:
+    """A key for every constant node (`constant_values`): a hash of its value where the
+    interpreter can compute it (so `x.t().t()` or an operand order makes no difference), else a
+    hash of its structure."""
+    values = constant_values(graph)
+    keys: dict[str, str] = {}
+    for node in graph:
+        if node.name not in values:
             continue
-        if all(i in keys for i in node.inputs):
-            value = values[node.name] = _constant_value(node, [values[i] for i in node.inputs])
-            if value is None:
-                content = repr((node.op, node.attrs, node.shape, node.dtype,
-                                [keys[i] for i in node.inputs])).encode()
-            else:
-                content = repr((node.shape, node.dtype)).encode() + value.view(-1).view(
-                    torch.uint8).numpy().tobytes()
-            keys[node.name] = hashlib.sha1(content).hexdigest()[:16]
+        if node.op == "add_scalar" and node.attr("value") == 0:
+            keys[node.name] = keys[node.inputs[0]]  # x + 0 (positions after no cached tokens)
+            continue
+        value = values[node.name]
+        if value is None:
+            content = repr((node.op, node.attrs, node.shape, node.dtype,
+                            [keys[i] for i in node.inputs])).encode()
+        else:
+            content = repr((node.shape, node.dtype)).encode() + value.view(-1).view(
+                torch.uint8).numpy().tobytes()
+        keys[node.name] = hashlib.sha1(content).hexdigest()[:16]
     return keys
 
 

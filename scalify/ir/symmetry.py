@@ -9,6 +9,8 @@ sub-group collective, uneven shards, a non-affine difference) keeps the per-rank
 """
 from __future__ import annotations
 
+import reprlib
+
 from dataclasses import dataclass, replace
 
 from .distributed import COLLECTIVES, POINT_TO_POINT, DistributedGraph, qualified
@@ -73,8 +75,9 @@ def _unify(node: Node, peers: list[Node], graph: Graph) -> tuple[Node | None, st
             continue
         affine = _affine(values) if key in _RANK_ATTRS.get(node.op, ()) else None
         if affine is None:
+            shown = ", ".join(reprlib.repr(v) for v in values[:4])
             return None, (f"{node.source}: {node.op} attribute {key} differs across ranks "
-                          f"({', '.join(map(repr, values[:4]))}, ...) and is not affine in the rank")
+                          f"({shown}, ...) and is not affine in the rank")
         attrs.append((key, affine))
     if node.op == "all_to_all":
         return None, f"{node.source}: all_to_all is verified rank by rank"

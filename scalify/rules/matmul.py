@@ -72,6 +72,11 @@ def _row_rules() -> list[Rule]:
         Rule("matmul-merged-batch", "(matmul (merge a 0 i) (merge b 0 i) 3)",
              "(merge (matmul a b 4) 0 i)",
              lambda gen, c: {"a": tensor(gen, 2, 3, M, K), "b": tensor(gen, 2, 3, K, N), "i": 3}),
+        # A weight gradient contracts merged rows ([s*b, m]^T @ [s*b, n]): the sum over the outer
+        # dim of the per-slice contractions, so rows sharded on either merged dim meet.
+        Rule("matmul-merged-contraction", "(matmul (transpose (merge a 0 i) 0 1) (merge b 0 i) 2)",
+             '(squeeze (reduce "sum" (matmul (transpose a 1 2) b 3) 0) 0)',
+             lambda gen, c: {"a": tensor(gen, 2, 3, M), "b": tensor(gen, 2, 3, N), "i": 3}),
         Rule("matmul-transposed-rows", "(matmul (transpose a 0 1) (expand (unsqueeze y 0) 0 m) 3)",
              "(transpose (matmul a (expand (unsqueeze y 0) 0 n) 3) 0 1)", _rows,
              when=("(= n (dimsize a 0))", "(= m (dimsize a 1))")),

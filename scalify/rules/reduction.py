@@ -42,6 +42,11 @@ def rules() -> list[Rule]:
              families={"f": REDUCTIONS}),
         Rule("sum-over-concat-dim", '(reduce "sum" (concat a b d na nb) d)',
              '(psum (reduce "sum" a d) (reduce "sum" b d))', _same_dim),
+        # A bias gradient sums merged rows ([s*b, n]): the sum over both merged dims, so rows
+        # sharded on either of them meet.
+        Rule("sum-over-merged-dim", '(reduce "sum" (merge a d i) d)',
+             '(squeeze (reduce "sum" (reduce "sum" a (+ d 1)) d) (+ d 1))',
+             lambda gen, c: {"a": tensor(gen, 2, 3, 5), "d": 0, "i": 3}),
         Rule("amax-over-concat-dim", '(reduce "amax" (concat a b d na nb) d)',
              '(pmax (reduce "amax" a d) (reduce "amax" b d))', _same_dim),
         Rule("concat-of-psums", "(concat (psum a b) (psum x y) d na nb)",

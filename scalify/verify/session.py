@@ -177,25 +177,28 @@ class EgglogSession:
         outputs += egraph.run_program(*egraph.parse_program(f"(run {INVERSES_RULESET} 1)"))
         try:
             return outputs + self._saturate(egraph, settled, self.rulesets,
-                                            stop_at=self.limits.search_nodes)
+                                            stop_at=self.limits.search_nodes, before=nodes)
         except WindowLimitExceeded:
             return outputs
 
     def _saturate(self, egraph: bindings.EGraph, settled: Callable[[], bool],
-                  rulesets: list[str], stop_at: int | None = None) -> list:
+                  rulesets: list[str], stop_at: int | None = None, before: int = 0) -> list:
         """Run the rulesets up to `iterations` times (stopping at a fixpoint) within `limits`;
         stop once `settled()` (the window has its answer) holds past `limits.settle_nodes`
         e-nodes. A settling session's window runs one more iteration once `settled()` holds and
         stops, and stops past `limits.search_nodes` e-nodes without it (nothing is concluded
         from that but what the e-graph shows: an unrelated op stays unrelated); any window stops
-        past `stop_at` e-nodes."""
+        past `stop_at` e-nodes. `before`: the e-nodes an earlier saturation left (its growth)."""
         runs = " ".join(f"(run {name})" for name in rulesets)
         step = egraph.parse_program(f"(run-schedule (seq {runs}))\n(print-size)")
         start, outputs, settling = time.perf_counter(), [], False
         for _ in range(self.iterations):
+            began = time.perf_counter()
             *ran, size = egraph.run_program(*step)
             outputs += [*ran, size]
             nodes = _nodes([size])
+            self._refuse_runaway(before, nodes, time.perf_counter() - began, began - start)
+            before = nodes
             grown = nodes > self.limits.settle_nodes
             answered = (self.settle or grown) and settled()  # one extraction per iteration
             if settling or (grown and answered) or stop_at is not None and nodes > stop_at:
@@ -211,6 +214,20 @@ class EgglogSession:
             settling = self.settle and answered
         self._refuse_conflicts(egraph)
         return outputs
+
+    def _refuse_runaway(self, before: int, nodes: int, took: float, spent: float) -> None:
+        """Stop a window whose next iteration, growing as this one did, would pass `limits`: an
+        e-graph that multiplies its size each iteration passes them inside one iteration, which
+        cannot be interrupted (memory and time run out before the check after it)."""
+        growth = nodes / before if before else 1.0
+        if growth <= 1.5:
+            return
+        if nodes * growth > self.limits.nodes:
+            raise WindowLimitExceeded(f"its e-graph grows {growth:.1f}x per iteration and would "
+                                      f"pass {self.limits.nodes} e-nodes")
+        if spent + took * (1 + growth) > self.limits.seconds:
+            raise WindowLimitExceeded(f"its e-graph grows {growth:.1f}x per iteration and would "
+                                      f"take over {self.limits.seconds:g} s")
 
     def _refuse_conflicts(self, egraph: bindings.EGraph) -> None:
         try:

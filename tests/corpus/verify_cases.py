@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import resource
+import signal
 import sys
 import time
 import traceback
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import scalify
 from scalify.errors import ScalifyError
@@ -27,6 +31,11 @@ from .cases import Case, case_paths, load
 # One window may saturate for this long before its op is unknown (the product's default is
 # 600 s): a corpus run stays within CI's time, and an unknown is reported, never verified.
 WINDOW_SECONDS = 60.0
+# A case gets a process of its own with this much time and address space: a window whose
+# e-graph outgrows them inside one egglog iteration (which cannot be interrupted) makes that
+# case unknown instead of taking the whole run down.
+CASE_SECONDS = 300.0
+CASE_MEMORY = 14 << 30
 
 
 @dataclass(frozen=True)
@@ -79,6 +88,38 @@ def run(case: Case) -> Outcome:
                    time.perf_counter() - start, detail)
 
 
+def run_bounded(path: Path) -> Outcome:
+    """`run` in a child process within CASE_SECONDS and CASE_MEMORY; past them, unknown. The
+    children fork from a server that has imported Scalify but never run egglog (a fork of a
+    process whose egglog thread pool runs would wait on threads it does not have)."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([__name__])
+    case = load(path)
+    receive, send = context.Pipe(duplex=False)
+    child = context.Process(target=_run_and_send, args=(path, send))
+    start = time.perf_counter()
+    child.start()
+    send.close()
+    if receive.poll(CASE_SECONDS):
+        try:
+            outcome = receive.recv()
+            child.join()
+            return outcome
+        except EOFError:  # the child died before it answered
+            pass
+    child.kill()
+    child.join()
+    reason = (f"no verdict within {CASE_SECONDS:g} s" if child.exitcode == -signal.SIGKILL
+              else f"the verifier ran out of its {CASE_MEMORY >> 30} GiB (exit {child.exitcode})")
+    return Outcome(case.name, case.style, case.step, case.buggy, "unknown", False,
+                   time.perf_counter() - start, f"{reason}: a window's e-graph kept growing")
+
+
+def _run_and_send(path: Path, send: Any) -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (CASE_MEMORY, CASE_MEMORY))
+    send.send(run(load(path)))
+
+
 def table(outcomes: list[Outcome]) -> str:
     """Per style and step: verified/correct, caught/bugs, localized/bugs, crashes, unknowns."""
     rows: dict[tuple[str, str], list[Outcome]] = defaultdict(list)
@@ -106,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     outcomes = []
     for path in case_paths(args.cases):
-        outcome = run(load(path))
+        outcome = run_bounded(path)
         outcomes.append(outcome)
         mark = "ok  " if outcome.as_expected else "MISS"
         where = " (at the bug's line)" if outcome.localized else ""

@@ -19,7 +19,7 @@ def _limited(config: dict, nodes: int) -> dict:
 def test_a_window_past_its_node_limit_makes_a_correct_run_unknown():
     report = scalify.verify(_limited(experiment("llama-tiny", "llama", 2), 200), numeric=True)
     assert report.verdict == "unknown" and not report.verified and not report.discrepancies
-    assert report.unknown and "grew past 200 e-nodes" in report.unknown[0]
+    assert report.unknown and "past 200 e-nodes" in report.unknown[0]
     assert "modeling_llama.py:" in report.unknown[0]  # the op's source line
     assert report.numeric["agrees"]
     assert exit_code(report) == 3
@@ -81,3 +81,14 @@ def test_the_limits_are_read_from_the_config():
     config["verify"].update(window_nodes=9, window_seconds=8, window_search_nodes=7,
                             window_settle_nodes=6)
     assert _limits(load_experiment(config)) == WindowLimits(9, 8, search_nodes=7, settle_nodes=6)
+
+
+def test_a_window_that_multiplies_its_size_stops_before_the_iteration_that_would_pass_limits():
+    """One egglog iteration cannot be interrupted: a window growing 5x per iteration is stopped
+    when the next one would pass the e-node or time limit, not after it ran out of memory."""
+    session = EgglogSession(limits=WindowLimits(nodes=1_000_000, seconds=60.0))
+    session._refuse_runaway(before=100_000, nodes=150_000, took=1.0, spent=2.0)  # slow growth
+    with pytest.raises(WindowLimitExceeded, match="would pass 1000000 e-nodes"):
+        session._refuse_runaway(before=100_000, nodes=500_000, took=1.0, spent=2.0)
+    with pytest.raises(WindowLimitExceeded, match="would take over 60 s"):
+        session._refuse_runaway(before=20_000, nodes=100_000, took=12.0, spent=15.0)

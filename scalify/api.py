@@ -23,6 +23,7 @@ from .engine import Executor, InlineExecutor, VerifyJob, executor_for
 from .errors import CaptureError, ShapeError
 from .ir.distributed import merge_ranks
 from .ir.graph import Graph
+from .ir.scaling import pushed_scales
 from .ir.simplify import without_double_transposes
 from .ir.symmetry import symbolic_program
 from .placements import Custom, Placement, Replicate, Shard
@@ -102,8 +103,8 @@ def verify_graphs(ref_graph: Graph, rank_graphs: list[Graph], placements: dict[s
     are kept in the report; `started` is when the lowering stage began (default: now)."""
     timings = dict(timings or {})
     start = time.perf_counter() if started is None else started
-    ref_graph = without_double_transposes(ref_graph)
-    rank_graphs = [without_double_transposes(graph) for graph in rank_graphs]
+    ref_graph = pushed_scales([without_double_transposes(ref_graph)])[0]
+    rank_graphs = pushed_scales([without_double_transposes(graph) for graph in rank_graphs])
     world_size = len(rank_graphs)
     options = options or VerifyOptions()
     symbolic, symmetry = None, "off"

@@ -1,0 +1,105 @@
+"""Scalar factors are carried to the op that needs them, so the same math scaled elsewhere is the
+same graph; the moved graph computes what the original computes."""
+from __future__ import annotations
+
+import torch
+
+from scalify.capture.builder import GraphBuilder
+from scalify.capture.tracer import capture
+from scalify.ir.graph import Graph
+from scalify.ir.scaling import pushed_scales
+from scalify.models import build_reference, example_inputs, make_hf_config
+from scalify.models.presets import PRESETS
+from scalify.steps import Step, hf_loss, training_step
+from scalify.verify.numeric import random_inputs, run_graph
+
+
+def _mean_then_average(rows: int, world: int, group: tuple[int, ...] = (0, 1)) -> Graph:
+    """A rank's data-parallel loss: the mean of its rows, summed over ranks, divided by the world."""
+    b = GraphBuilder()
+    x = b.emit_placeholder("x", "input", (rows, 4), "float32")
+    total = b.emit("sum", [b.emit("merge", [x], dim=0, inner=4)], dim=0)
+    local_mean = b.emit("div_scalar", [total], value=float(rows * 4))
+    summed = b.emit("all_reduce", [local_mean], reduce="sum", group=group)
+    b.graph.outputs = [b.emit("mul_scalar", [summed], value=1.0 / world).name]
+    return b.graph
+
+
+def _output(graph: Graph):
+    return graph[graph.outputs[0]]
+
+
+def test_factors_meet_after_the_collective() -> None:
+    pushed = pushed_scales([_mean_then_average(2, 2), _mean_then_average(2, 2)])
+    for graph in pushed:
+        out = _output(graph)
+        assert (out.op, out.attr("value")) == ("mul_scalar", 1 / 16)
+        assert graph[out.inputs[0]].op == "all_reduce"
+        assert graph[graph[out.inputs[0]].inputs[0]].op == "sum"  # no scaling before the sum
+
+
+def test_the_reference_mean_gets_the_same_node() -> None:
+    b = GraphBuilder()
+    x = b.emit_placeholder("x", "input", (4, 4), "float32")
+    total = b.emit("sum", [b.emit("merge", [x], dim=0, inner=4)], dim=0)
+    b.graph.outputs = [b.emit("mul_scalar", [total], value=0.0625).name]
+    out = _output(pushed_scales([b.graph])[0])
+    assert (out.op, out.attr("value")) == ("mul_scalar", 1 / 16)
+
+
+def test_members_with_other_factors_write_them_before_the_collective() -> None:
+    pushed = pushed_scales([_mean_then_average(2, 2), _mean_then_average(4, 2)])
+    for graph, rows in zip(pushed, (2, 4)):
+        reduce = next(node for node in graph if node.op == "all_reduce")
+        scaled = graph[reduce.inputs[0]]
+        assert (scaled.op, scaled.attr("value")) == ("mul_scalar", 1 / (rows * 4))
+        assert _output(graph).attr("value") == 0.5
+
+
+def test_a_nonlinear_op_reads_the_scaled_value() -> None:
+    b = GraphBuilder()
+    x = b.emit_placeholder("x", "input", (2, 3), "float32")
+    w = b.emit_placeholder("w", "parameter", (3, 3), "float32")
+    scores = b.emit("matmul", [b.emit("mul_scalar", [x], value=0.5), w])
+    b.graph.outputs = [b.emit("exp", [scores]).name]
+    graph = pushed_scales([b.graph])[0]
+    scaled = graph[_output(graph).inputs[0]]
+    assert (scaled.op, scaled.attr("value")) == ("mul_scalar", 0.5)
+    assert graph[scaled.inputs[0]].op == "matmul" and graph[scaled.inputs[0]].inputs == ("x", "w")
+
+
+def test_a_product_with_a_uniform_constant_is_a_factor() -> None:
+    b = GraphBuilder()
+    x = b.emit_placeholder("x", "input", (2, 3), "float32")
+    third = b.emit("full", [], shape=(2, 3), value=1 / 3, dtype="float32")
+    b.graph.outputs = [b.emit("tanh", [b.emit("mul", [x, third])]).name]
+    graph = pushed_scales([b.graph])[0]
+    scaled = graph[_output(graph).inputs[0]]
+    assert (scaled.op, scaled.inputs) == ("mul_scalar", ("x",))
+    assert scaled.attr("value") == float(torch.tensor(1 / 3, dtype=torch.float32).item())
+
+
+def test_integer_values_keep_their_scalars() -> None:
+    b = GraphBuilder()
+    ids = b.emit_placeholder("ids", "input", (4,), "int64")
+    b.graph.outputs = [b.emit("mul_scalar", [ids], value=2).name]
+    graph = pushed_scales([b.graph])[0]
+    assert _output(graph).op == "mul_scalar" and _output(graph).inputs == ("ids",)
+
+
+def test_a_captured_training_step_computes_the_same_numbers() -> None:
+    config = make_hf_config("llama", {**PRESETS["llama-tiny"].config, "num_hidden_layers": 1})
+    model = build_reference("llama", config)
+    names = [name for name, _ in model.named_parameters()]
+    inputs = example_inputs("llama", 2, 8)
+    inputs["labels"] = inputs["input_ids"].clone()
+    step = Step(model, training_step(hf_loss, names))
+    graph = capture(step, lambda: step(**inputs), inputs, grad=True)
+    pushed = pushed_scales([graph])[0]
+    assert sum(n.op in ("mul_scalar", "div_scalar") for n in pushed) < sum(
+        n.op in ("mul_scalar", "div_scalar") for n in graph)
+    env = {name: value.double() if value.is_floating_point() else value
+           for name, value in random_inputs(graph).items()}
+    before, after = run_graph(graph, env), run_graph(pushed, env)
+    for old, new in zip(graph.outputs, pushed.outputs):
+        torch.testing.assert_close(after[new], before[old])

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,7 +24,7 @@ from .engine import Executor, InlineExecutor, VerifyJob, executor_for
 from .errors import CaptureError, ShapeError
 from .ir.distributed import merge_ranks
 from .ir.graph import Graph
-from .ir.scaling import pushed_scales
+from .ir.scaling import pushed_scales, scaled_node
 from .ir.simplify import without_double_transposes
 from .ir.symmetry import symbolic_program
 from .placements import Custom, Placement, Replicate, Shard
@@ -92,6 +93,65 @@ def capture_modules(reference: nn.Module, rank_module_factory: Callable[[int], n
     return ref_graph, rank_graphs
 
 
+@dataclass
+class _Attempt:
+    """One proof attempt on one form of the programs: the merged (or symbolic) ranks it proves
+    against, and once run, its verification."""
+
+    reference: Graph
+    program: Any  # the symbolic program, or the merged ranks
+    dist: Any  # the merged ranks where needed (no symmetry, or the numbers are run), else None
+    symmetry: str
+    moved: bool = False
+    result: Any = None
+    engine_stats: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, ref_graph: Graph, rank_graphs: list[Graph], placements: dict[str, Placement],
+           options: VerifyOptions, numeric: bool, moved: bool = False) -> _Attempt:
+        symbolic, symmetry = None, "off"
+        if options.rank_symmetry:
+            symbolic, symmetry = (
+                symbolic_program(rank_graphs) if even_placements(placements, len(rank_graphs))
+                else (None, "a placement repeats chunks across ranks, is Custom with pieces "
+                      "other than even blocks, or is Stage (pipeline stages run different "
+                      "programs)"))
+        # The per-rank graph is needed to verify without symmetry and to run the numbers.
+        dist = merge_ranks(rank_graphs) if symbolic is None or numeric else None
+        return cls(ref_graph, symbolic or dist, dist, symmetry, moved)
+
+    @property
+    def verified(self) -> bool:
+        return not self.result.discrepancies and not self.result.unknown
+
+    def run(self, executor: Executor, options: VerifyOptions, placements: dict[str, Placement],
+            outputs: list[Placement], progress: Progress, stage: str) -> None:
+        job = VerifyJob(self.reference, self.program, options, placements, outputs)
+        self.result, self.engine_stats = executor.run(
+            job, lambda done, total: progress(stage, done, total))
+
+    def better(self, other: _Attempt, reference: Graph) -> _Attempt:
+        """The attempt to report: one that verifies, else the one whose first discrepancy lies
+        further down the reference (the other failed earlier, where the forms differ)."""
+        if other.verified:
+            return other
+        if self.result.discrepancies and other.result.discrepancies and (
+                _first_failure(other, reference) > _first_failure(self, reference)):
+            return other
+        return self
+
+
+def _first_failure(attempt: _Attempt, reference: Graph) -> int:
+    """The position in `reference` of the attempt's earliest discrepancy (a factor written by
+    the scaling pass counts at the node it scales)."""
+    order = {node.name: index for index, node in enumerate(reference)}
+    return min(order.get(scaled_node(d.ref_node), len(order)) for d in attempt.result.discrepancies)
+
+
+def _rewritten(before: Graph, after: Graph) -> bool:
+    return [(n.name, n.op, n.inputs) for n in before] != [(n.name, n.op, n.inputs) for n in after]
+
+
 def verify_graphs(ref_graph: Graph, rank_graphs: list[Graph], placements: dict[str, Placement],
                   outputs: list[Placement], *, numeric: bool = False, name: str = "graphs",
                   progress: Progress = _quiet, options: VerifyOptions | None = None,
@@ -103,24 +163,25 @@ def verify_graphs(ref_graph: Graph, rank_graphs: list[Graph], placements: dict[s
     are kept in the report; `started` is when the lowering stage began (default: now)."""
     timings = dict(timings or {})
     start = time.perf_counter() if started is None else started
-    ref_graph = pushed_scales([without_double_transposes(ref_graph)])[0]
-    rank_graphs = pushed_scales([without_double_transposes(graph) for graph in rank_graphs])
-    world_size = len(rank_graphs)
+    ref_graph = without_double_transposes(ref_graph)
+    rank_graphs = [without_double_transposes(graph) for graph in rank_graphs]
     options = options or VerifyOptions()
-    symbolic, symmetry = None, "off"
-    if options.rank_symmetry:
-        symbolic, symmetry = (symbolic_program(rank_graphs) if even_placements(placements, world_size)
-                              else (None, "a placement repeats chunks across ranks, is Custom with "
-                                    "pieces other than even blocks, or is Stage (pipeline "
-                                    "stages run different programs)"))
-    # The per-rank graph is needed to verify without symmetry and to run the numbers.
-    dist = merge_ranks(rank_graphs) if symbolic is None or numeric else None
+    attempt = _Attempt.of(ref_graph, rank_graphs, placements, options, numeric)
     timings["lowering_s"] = time.perf_counter() - start
     start = time.perf_counter()
-    job = VerifyJob(ref_graph, symbolic or dist, options, placements, outputs)
-    result, engine_stats = (executor or InlineExecutor()).run(
-        job, lambda done, total: progress("verify", done, total))
+    executor = executor or InlineExecutor()
+    attempt.run(executor, options, placements, outputs, progress, "verify")
+    if not attempt.verified:
+        # The same math may scale at other places on the ranks (a mean per rank, then a sum
+        # over ranks): a second attempt with every scalar factor moved to where it matters.
+        scaled_ref, *scaled_ranks = pushed_scales([ref_graph]) + pushed_scales(rank_graphs)
+        if any(map(_rewritten, [ref_graph, *rank_graphs], [scaled_ref, *scaled_ranks])):
+            moved = _Attempt.of(scaled_ref, scaled_ranks, placements, options, False, moved=True)
+            moved.run(executor, options, placements, outputs, progress, "verify (factors moved)")
+            attempt = attempt.better(moved, ref_graph)
+    result, engine_stats = attempt.result, attempt.engine_stats
     timings["verify_s"] = time.perf_counter() - start
+    dist = attempt.dist if attempt.dist is not None else merge_ranks(rank_graphs)
     numeric_result = None
     if numeric:
         start = time.perf_counter()
@@ -128,12 +189,13 @@ def verify_graphs(ref_graph: Graph, rank_graphs: list[Graph], placements: dict[s
         timings["numeric_s"] = time.perf_counter() - start
     timings["total_s"] = sum(timings.values())
     verified = not result.discrepancies and not result.unknown
-    stats = {"world_size": world_size, "reference_nodes": len(ref_graph),
+    stats = {"world_size": len(rank_graphs), "reference_nodes": len(ref_graph),
              "distributed_nodes": sum(len(g) for g in rank_graphs), "windows": result.windows,
              "memo_hits": result.memo_hits, "memo_misses": result.memo_misses,
              "layer_memo_hits": result.layer_hits, "rule_matches": result.rule_matches,
              "largest_egraph_nodes": result.largest_egraph,
-             "blocked_ops": result.blocked, "rank_symmetry": symmetry, **engine_stats}
+             "blocked_ops": result.blocked, "rank_symmetry": attempt.symmetry,
+             "scalar_factors": "moved" if attempt.moved else "as written", **engine_stats}
     verdict = ("discrepancy" if result.discrepancies else "unknown" if result.unknown
                else "verified")
     return Report(name, verified, verdict, result.discrepancies, timings, stats, numeric_result,

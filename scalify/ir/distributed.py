@@ -35,6 +35,12 @@ def qualified(rank: int, name: str) -> str:
     return f"r{rank}/{name}"
 
 
+def unqualified(name: str) -> tuple[int, str]:
+    """(rank, node name) of a qualified name."""
+    rank, _, local = name.partition("/")
+    return int(rank[1:]), local
+
+
 def merge_ranks(graphs: list[Graph]) -> DistributedGraph:
     """Match each rank's k-th collective on a group with the other members' k-th, link each recv
     to its peer's send, and merge."""
@@ -163,11 +169,11 @@ _PLAIN = (int, float, str, bool, tuple, type(None))
 
 
 def constant_values(graph: Graph) -> dict[str, torch.Tensor | None]:
-    """Every node that depends on no placeholder, collective or random draw (the same value on
-    every rank), with its value where the interpreter can compute it, else None."""
+    """Every node that depends on no placeholder, collective, receive or random draw (the same
+    value on every rank), with its value where the interpreter can compute it, else None."""
     values: dict[str, torch.Tensor | None] = {}
     for node in graph:
-        if (node.op in ("placeholder", "opaque") or node.op in COLLECTIVES
+        if (node.op in ("placeholder", "opaque", "recv") or node.op in COLLECTIVES
                 or OPS[node.op].trait == RANDOM):  # (a draw differs by call and by rank)
             continue
         if all(i in values for i in node.inputs):

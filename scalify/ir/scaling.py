@@ -18,12 +18,14 @@ from fractions import Fraction
 import torch
 
 from ..errors import ScalifyError
-from .distributed import _match_collectives, constant_values, qualified
+from .distributed import (_match_collectives, constant_values, link_point_to_point, qualified,
+                          unqualified)
 from .graph import Graph, Node, SourceLoc
 
 FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
 ONE = Fraction(1)
 _DENOMINATOR_LIMIT = 1 << 24  # 1/3 written as a float is the fraction 1/3
+_WRITTEN = ".x"  # a written factor's node is named after the node it scales: `n12.x0`
 
 # Ops that pass one factor from the listed inputs to their output: all listed inputs must bring
 # the same factor (a zero constant brings any). Unlisted inputs (indices, conditions) keep theirs.
@@ -69,9 +71,10 @@ class _Pusher:
 
     graph: Graph
     blocked: set[str]
+    received: dict[str, Fraction] | None  # each recv's factor (None: sends write theirs down)
     out: Graph = field(default_factory=Graph)
     scaled: dict[str, Scaled] = field(default_factory=dict)
-    written: dict[tuple[str, Fraction], str] = field(default_factory=dict)
+    written: dict[tuple[str, Fraction, str], str] = field(default_factory=dict)
     collective_factors: dict[str, Fraction] = field(default_factory=dict)  # by collective input
 
     def run(self) -> Graph:
@@ -82,13 +85,15 @@ class _Pusher:
                 self.scaled[node.name] = Scaled(self.out.add(node).name)
             else:
                 self.scaled[node.name] = self._push(node)
-        self.out.outputs = [self._written(name) for name in self.graph.outputs]
+        self.out.outputs = [self._written(name, "") for name in self.graph.outputs]
         return self.out
 
     def _floating(self, name: str) -> bool:
         return self.nodes[name].dtype in FLOATS
 
     def _push(self, node: Node) -> Scaled:
+        if node.op == "recv" and self.received:
+            return Scaled(self.out.add(node).name, self.received.get(node.name, ONE))
         factor = self._own_factor(node)
         if factor is not None:
             inner = self.scaled[node.inputs[0]]
@@ -131,7 +136,9 @@ class _Pusher:
             return tuple(range(len(node.inputs))), False
         if node.op == "cast" and node.dtype in FLOATS and self._floating(node.inputs[0]):
             return (0,), False
-        if node.op == "pad" and node.attr("value") == 0:
+        if node.op in ("pad", "masked_fill") and node.attr("value") == 0:
+            return (0,), False
+        if node.op == "send" and self.received is not None:
             return (0,), False
         if node.op in ("all_reduce", "reduce_scatter") and node.attr("reduce", "sum") == "sum":
             return self._collective_inputs(node)
@@ -154,7 +161,7 @@ class _Pusher:
         for index, name in enumerate(node.inputs):
             value = self.scaled[name]
             if index not in linear:
-                inputs.append(self._written(name))
+                inputs.append(self._written(name, node.source.module))
                 continue
             inputs.append(value.core)
             if value.factor != ONE:  # (a shared factor is every varying input's factor)
@@ -167,32 +174,62 @@ class _Pusher:
         value = self.constants.get(name)
         return value is not None and not bool(value.any())
 
-    def _written(self, name: str) -> str:
-        """The node holding `name`'s value: its core, times its factor where that is not one."""
+    def _written(self, name: str, module: str) -> str:
+        """The node holding `name`'s value: its core, times its factor where that is not one.
+        The product is written at the line that last scaled the value, in the module that uses
+        it (`module`; "" for a program output), so that it falls in the user's region."""
         value = self.scaled[name]
         if value.factor == ONE:
             return value.core
-        key = (value.core, value.factor)
+        key = (value.core, value.factor, module)
         if key not in self.written:
             core = self.out[value.core]
-            node = Node(f"{value.core}.x{len(self.written)}", "mul_scalar", (value.core,),
-                        (("value", float(value.factor)),), core.shape, core.dtype, value.source)
+            node = Node(f"{value.core}{_WRITTEN}{len(self.written)}", "mul_scalar", (value.core,),
+                        (("value", float(value.factor)),), core.shape, core.dtype,
+                        replace(value.source, module=module))
             self.written[key] = self.out.add(node).name
         return self.written[key]
 
 
+def scaled_node(name: str) -> str:
+    """The node a written factor scales (any other name: itself)."""
+    base, sep, count = name.rpartition(_WRITTEN)
+    return base if sep and count.isdigit() else name
+
+
 def pushed_scales(graphs: list[Graph]) -> list[Graph]:
     """The graphs (a program per rank, or the reference alone) with their scalar factors moved
-    forward; a collective whose members bring different factors is passed no factor."""
-    blocked: set[str] = set()
+    forward; a collective whose members bring different factors is passed no factor, and a recv
+    takes the factor its peer's send carries (unless the sends and recvs do not pair up)."""
+    try:
+        links = link_point_to_point(graphs)
+    except ScalifyError:  # merging the ranks reports it
+        links = None
+    blocked: set[tuple[int, str]] = set()
+    received: list[dict[str, Fraction]] = [{} for _ in graphs]
     while True:
-        pushers = [_Pusher(graph, {n for r, n in blocked if r == rank})
+        pushers = [_Pusher(graph, {n for r, n in blocked if r == rank},
+                           None if links is None else received[rank])
                    for rank, graph in enumerate(graphs)]
         pushed = [pusher.run() for pusher in pushers]
         disagreeing = _disagreeing(graphs, [pusher.collective_factors for pusher in pushers])
-        if disagreeing <= blocked:
+        sent = _received(links or {}, pushers, len(graphs))
+        if disagreeing <= blocked and sent == received:
             return pushed
         blocked |= disagreeing
+        received = sent
+
+
+def _received(links: dict[str, str], pushers: list["_Pusher"], world: int
+              ) -> list[dict[str, Fraction]]:
+    """Per rank, each recv's factor: the one its peer's send input carries."""
+    received: list[dict[str, Fraction]] = [{} for _ in range(world)]
+    for recv, sent in links.items():
+        (rank, name), (peer, value) = unqualified(recv), unqualified(sent)
+        factor = pushers[peer].scaled[value].factor
+        if factor != ONE:
+            received[rank][name] = factor
+    return received
 
 
 def _disagreeing(graphs: list[Graph], factors: list[dict[str, Fraction]]) -> set[tuple[int, str]]:

@@ -24,7 +24,7 @@ from .engine import Executor, InlineExecutor, VerifyJob, executor_for
 from .errors import CaptureError, ShapeError
 from .ir.distributed import merge_ranks
 from .ir.graph import Graph
-from .ir.scaling import pushed_scales, scaled_node
+from .ir.scaling import SCALINGS, pushed_scales
 from .ir.simplify import without_double_transposes
 from .ir.symmetry import symbolic_program
 from .placements import Custom, Placement, Replicate, Shard
@@ -130,22 +130,16 @@ class _Attempt:
         self.result, self.engine_stats = executor.run(
             job, lambda done, total: progress(stage, done, total))
 
-    def better(self, other: _Attempt, reference: Graph) -> _Attempt:
-        """The attempt to report: one that verifies, else the one whose first discrepancy lies
-        further down the reference (the other failed earlier, where the forms differ)."""
-        if other.verified:
-            return other
-        if self.result.discrepancies and other.result.discrepancies and (
-                _first_failure(other, reference) > _first_failure(self, reference)):
-            return other
+    def better(self, moved: _Attempt) -> _Attempt:
+        """The attempt to report, this one being the code as written: `moved` if it verifies,
+        or if both find discrepancies and this one's first is at a scaling (there the two
+        forms differ, and `moved` tells whether the scales agree), else this one."""
+        if moved.verified:
+            return moved
+        first = self.result.discrepancies[:1]
+        if first and moved.result.discrepancies and first[0].ref_op in SCALINGS:
+            return moved
         return self
-
-
-def _first_failure(attempt: _Attempt, reference: Graph) -> int:
-    """The position in `reference` of the attempt's earliest discrepancy (a factor written by
-    the scaling pass counts at the node it scales)."""
-    order = {node.name: index for index, node in enumerate(reference)}
-    return min(order.get(scaled_node(d.ref_node), len(order)) for d in attempt.result.discrepancies)
 
 
 def _rewritten(before: Graph, after: Graph) -> bool:
@@ -178,7 +172,7 @@ def verify_graphs(ref_graph: Graph, rank_graphs: list[Graph], placements: dict[s
         if any(map(_rewritten, [ref_graph, *rank_graphs], [scaled_ref, *scaled_ranks])):
             moved = _Attempt.of(scaled_ref, scaled_ranks, placements, options, False, moved=True)
             moved.run(executor, options, placements, outputs, progress, "verify (factors moved)")
-            attempt = attempt.better(moved, ref_graph)
+            attempt = attempt.better(moved)
     result, engine_stats = attempt.result, attempt.engine_stats
     timings["verify_s"] = time.perf_counter() - start
     dist = attempt.dist if attempt.dist is not None else merge_ranks(rank_graphs)

@@ -22,10 +22,10 @@ from .distributed import (_match_collectives, constant_values, link_point_to_poi
                           unqualified)
 from .graph import Graph, Node, SourceLoc
 
+SCALINGS = frozenset({"mul_scalar", "div_scalar"})  # the ops that scale by a Python scalar
 FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
 ONE = Fraction(1)
 _DENOMINATOR_LIMIT = 1 << 24  # 1/3 written as a float is the fraction 1/3
-_WRITTEN = ".x"  # a written factor's node is named after the node it scales: `n12.x0`
 
 # Ops that pass one factor from the listed inputs to their output: all listed inputs must bring
 # the same factor (a zero constant brings any). Unlisted inputs (indices, conditions) keep theirs.
@@ -107,7 +107,7 @@ class _Pusher:
 
     def _own_factor(self, node: Node) -> Fraction | None:
         """The factor of a `mul_scalar`/`div_scalar` on floats (None for any other node)."""
-        if node.op not in ("mul_scalar", "div_scalar") or not (
+        if node.op not in SCALINGS or not (
                 self._floating(node.inputs[0]) and node.dtype in FLOATS):
             return None
         value = _fraction(node.attr("value"))
@@ -184,17 +184,11 @@ class _Pusher:
         key = (value.core, value.factor, module)
         if key not in self.written:
             core = self.out[value.core]
-            node = Node(f"{value.core}{_WRITTEN}{len(self.written)}", "mul_scalar", (value.core,),
+            node = Node(f"{value.core}.x{len(self.written)}", "mul_scalar", (value.core,),
                         (("value", float(value.factor)),), core.shape, core.dtype,
                         replace(value.source, module=module))
             self.written[key] = self.out.add(node).name
         return self.written[key]
-
-
-def scaled_node(name: str) -> str:
-    """The node a written factor scales (any other name: itself)."""
-    base, sep, count = name.rpartition(_WRITTEN)
-    return base if sep and count.isdigit() else name
 
 
 def pushed_scales(graphs: list[Graph]) -> list[Graph]:

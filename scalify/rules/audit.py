@@ -27,7 +27,8 @@ from . import trait_facts
 from .base import Rule, check_conditions
 from .examples import tensor
 from .families import BINARY_KEYS, FACTS, KINDS, UNARY_KEYS
-from .terms import DECLARATIONS, App, At, Family, IndexOutOfRange, Term, evaluate, render
+from .terms import (DECLARATIONS, App, At, Family, IndexOutOfRange, Term, evaluate, render,
+                    shape_facts)
 from .terms import parse as parse_term
 
 RULESET = "audit"
@@ -362,7 +363,7 @@ def _facts(rule: Rule, env: dict[str, Any], i: int) -> list[str]:
         if isinstance(value, (torch.Tensor, Family)):
             leaf = _leaf(name, i)
             shape = (value[0] if isinstance(value, Family) else value).shape
-            facts += [f"(set (dimsize {leaf} {dim}) {size})" for dim, size in enumerate(shape)]
+            facts += shape_facts(leaf, shape)
             if isinstance(value, torch.Tensor):
                 facts.append(f"(inv {leaf})")
     for text in rule.when:

@@ -28,6 +28,17 @@ def _table_shifted(gen, choice):
 
 
 
+def _columns(gen, choice):
+    """A table of 5 rows cut after its second column; ids of two dims."""
+    return {"a": tensor(gen, 5, 2), "b": tensor(gen, 5, 3), "na": 2, "nb": 3, "k": 2,
+            "ids": torch.randint(0, 5, (2, 6), generator=gen)}
+
+
+def _column_grads(gen, choice):
+    """The lookups' gradient cut after its second column."""
+    return {**_columns(gen, choice), "a": tensor(gen, 2, 6, 2), "b": tensor(gen, 2, 6, 3), "n": 5}
+
+
 def _masked(gen, choice):
     w, ids, s = tensor(gen, 4, 3), torch.randint(0, 10, (2, 5), generator=gen), 2
     mask = (ids < s) | (ids >= s + 4)
@@ -56,6 +67,14 @@ def rules() -> list[Rule]:
              "(slice (embedding w ids) d s e)",
              lambda gen, c: {"w": tensor(gen, 5, 4), "ids": torch.randint(0, 5, (2, 6), generator=gen),
                              "d": 1, "s": 2, "e": 5}),
+        # A table joined by columns: the lookups join along the lookup's last dim (one past
+        # the ids' dims), and so do the gradients' columns.
+        Rule("embedding-over-column-concat", "(embedding (concat a b 1 na nb) ids)",
+             "(concat (embedding a ids) (embedding b ids) k na nb)", _columns,
+             when=("(= k (ndim ids))",)),
+        Rule("embedding-grad-over-column-concat", "(embedding_grad (concat a b k na nb) ids n)",
+             "(concat (embedding_grad a ids n) (embedding_grad b ids n) 1 na nb)", _column_grads,
+             when=("(= k (ndim ids))",)),
         Rule("embedding-as-range", "(embedding w ids)", "(embed_range w ids 0)",
              lambda gen, c: {"w": tensor(gen, 5, 4), "ids": torch.randint(0, 5, (2, 6), generator=gen)}),
         Rule("embed-range-over-rows", "(embed_range (concat a b 0 na nb) ids s)",

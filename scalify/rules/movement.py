@@ -381,4 +381,12 @@ FACT_RULES = (
     # a merge of dims d and d+1 keeps the dims before d
     "(rule ((= t (merge x d i)) (= n (dimsize x k)) (< k d)) ((set (dimsize t k) n)) "
     ":ruleset lemmas)",
+    # dim counts: kept by movement and elementwise ops, one more or one fewer by the reshapes
+    *(f"(rule ((= t ({term})) (= n (ndim x))) ((set (ndim t) n)) :ruleset lemmas)"
+      for term in ("slice x d s e", "transpose x d e", "expand x d s", "concat x y d a b",
+                   "rcat x d s", "rslice x d s", "unary f x", "masked_fill x m f", "add_int x d",
+                   "cmp_int f x d", "add_int_r x d s", "cmp_int_r f x d s")),
+    *(f"(rule ((= t ({term})) (= n (ndim x))) ((set (ndim t) (+ n {step}))) :ruleset lemmas)"
+      for term, step in (("unsqueeze x d", 1), ("split x d i", 1), ("squeeze x d", -1),
+                         ("merge x d i", -1))),
 )

@@ -274,6 +274,11 @@ def _embedding() -> list[Rule]:
         return {"g": tensor(gen, 2, 5, 3), "ids": ids, "s": rows, "w": WORLD, "a": -rows, "b": 0,
                 "k": 2, "h": 3, "m": _rank_mask(ids, rows)}
 
+    def columns(gen, choice):
+        rows, cols = 4, 3
+        return {"w": family(gen, rows, cols), "g": family(gen, 2, 5, cols), "s": cols, "k": 2,
+                "n": rows, "ids": torch.randint(0, rows, (2, 5), generator=gen)}
+
     lookup = ('(masked_fill (embedding w (masked_fill (add_int_r ids a b) m "0")) '
               '(expand (unsqueeze m k) k h) "0.0")')
     grad_lookup = ('(embedding_grad (masked_fill g (expand (unsqueeze m k) k h) "0.0") '
@@ -318,6 +323,13 @@ def _embedding() -> list[Rule]:
                              "ids": Family(torch.randint(0, 5, (2, 4), generator=gen)
                                            for _ in range(WORLD))},
              when=("(inv w)",)),
+        # A table sharded by columns (fairscale's ParallelEmbedding): each rank looks up its
+        # own columns, which join along the lookup's last dim (one past the ids' dims).
+        Rule("embedding-over-rcat-columns", "(embedding (rcat w 1 s) ids)",
+             "(rcat (embedding w ids) k s)", columns, when=("(inv ids)", "(= k (ndim ids))")),
+        Rule("embedding-grad-over-rcat-columns", "(embedding_grad (rcat g k s) ids n)",
+             "(rcat (embedding_grad g ids n) 1 s)", columns,
+             when=("(inv ids)", "(= k (ndim ids))")),
         Rule("embedding-over-rcat-rows", "(embedding (rcat w 0 s) ids)",
              "(rsum (embed_rrange w ids s))", table, when=("(inv ids)",)),
         Rule("masked-rank-lookup", lookup, "(embed_rrange w ids s)", masked,

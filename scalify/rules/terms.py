@@ -73,6 +73,7 @@ DECLARATIONS = f"""
   (add_int_r T i64 i64 :cost {COMPUTE_COST})
   (bmul T T :cost {COMPUTE_COST}))
 (function dimsize (T i64) i64 :merge {SIZE_MERGE})
+(function ndim (T) i64 :merge {SIZE_MERGE})
 (function world () i64 :merge new)
 (relation inv (T))
 (relation target (T String))
@@ -169,6 +170,12 @@ def leaves(term: Term) -> list[str]:
     if term.head == "dist":
         return [term.args[0]]
     return [name for arg in term.args for name in leaves(arg)]
+
+
+def shape_facts(term: str, shape: tuple[int, ...]) -> list[str]:
+    """What a window states about a tensor's shape: each dim's size and the number of dims."""
+    return [*(f"(set (dimsize {term} {dim}) {size})" for dim, size in enumerate(shape)),
+            f"(set (ndim {term}) {len(shape)})"]
 
 
 def is_relational(term: Term) -> bool:
@@ -362,6 +369,7 @@ _CONSTRUCTORS = {
     "/": lambda a, b: a // b,
     "%": lambda a, b: a % b,
     "dimsize": lambda x, d: x.shape[d],
+    "ndim": lambda x: x.dim(),
     "concat": _concat,
     "psum": lambda a, b: _run("add", [a, b], {}),
     "bmul": _broadcast_over,

@@ -20,7 +20,8 @@ from ..ir.ops import MOVEMENT, OPS, RANDOM
 from ..placements import Custom, Placement, Replicate, Stage
 from ..report.model import Discrepancy
 from ..rules.families import LINEAR_UNARY_OPS
-from ..rules.terms import App, Term, is_relational, leaves, op_key, parse, render
+from ..rules.terms import (App, Term, is_relational, leaves, op_key, parse, render,
+                            shape_facts)
 from .congruence import broadcast_term, rank_concat_relation, replicated_twins
 from .custom import custom_output_terms, custom_relation, family_custom_relation
 from .encode import encode
@@ -492,8 +493,8 @@ class Verifier:
     def _sizes(self, lines: list[str]) -> list[str]:
         """The dim sizes of every rank tensor `lines` name (size-dependent rules read them)."""
         names = dict.fromkeys(_LEAF_NAME.findall("\n".join(lines)))  # in order of appearance
-        return [f"(set (dimsize {leaf(name)} {dim}) {size})" for name in names
-                for dim, size in enumerate(self.dist.graph[name].shape)]
+        return [fact for name in names for fact in shape_facts(leaf(name),
+                                                               self.dist.graph[name].shape)]
 
     # Outputs.
 

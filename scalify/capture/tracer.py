@@ -18,13 +18,14 @@ import torch
 import torch.distributed._functional_collectives as funcol
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
+from torch.utils._python_dispatch import (TorchDispatchMode, _disable_current_modes,
+                                          _get_current_dispatch_mode)
 from torch.utils._pytree import tree_leaves, tree_map
 
 from ..errors import CaptureError, ScalifyError
 from ..ir.graph import Graph, SourceLoc
 from ..ir.ops import COLLECTIVE, OPS, POINT_TO_POINT, RANDOM
-from . import c10d
+from . import c10d, complex_pairs
 from .aten import LOWERINGS, lower, lowering_name, opaque
 from .as_gpu import as_gpu, capture_device
 from .builder import GraphBuilder, Ref
@@ -208,9 +209,13 @@ class _Recorder(TorchDispatchMode):
         if tensor.is_meta or tensor.numel() > 4096:
             raise CaptureError(f"a tensor of shape {tuple(tensor.shape)} was used that is neither an "
                                "input, a parameter, a buffer nor computed from them")
-        dtype = str(tensor.dtype).removeprefix("torch.")
-        values = tuple(tensor.detach().cpu().reshape(-1).tolist())
-        ref = self.builder.emit("literal", [], dtype, shape=tuple(tensor.shape), values=values,
+        with _disable_current_modes():  # (reading the value records nothing)
+            value = tensor.detach().cpu()
+            if value.is_complex():  # held as its pairs (complex_pairs.py)
+                value = torch.view_as_real(value)
+        dtype = str(value.dtype).removeprefix("torch.")
+        values = tuple(value.reshape(-1).tolist())
+        ref = self.builder.emit("literal", [], dtype, shape=tuple(value.shape), values=values,
                                 dtype=dtype)
         self.bind(tensor, ref)
         return ref
@@ -219,6 +224,8 @@ class _Recorder(TorchDispatchMode):
         kwargs = kwargs or {}
         if has_dtensor(types):
             return NotImplemented  # DTensor runs it; its local ops come back here
+        if complex_pairs.involves_complex(func, (args, kwargs)):
+            return self._as_pairs(func, args, kwargs)
         decomposition = decomposition_of(func) if func not in self._decomposing else None
         if decomposition is not None:
             result = self._decompose(func, decomposition, args, kwargs)
@@ -255,6 +262,29 @@ class _Recorder(TorchDispatchMode):
         for tensor in _written(func, args, kwargs):
             self._write_through(tensor)
         return out
+
+    def _as_pairs(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """An op on complex tensors, recorded as real ops on their pairs (complex_pairs.py)."""
+        self.builder.source = self.sources.current()
+        out = _run(func, args, kwargs)
+        try:
+            with self._recording():
+                result = self.ref(complex_pairs.lowered(func, args, kwargs, out, self._pairs))
+        except CaptureError as error:
+            tensors = [self.ref(t) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+            result = opaque(self.builder, str(func.overloadpacket), tensors, out, str(error))
+        self._bind_result(out, result)
+        return out
+
+    def _pairs(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A complex tensor's pairs, as a real tensor bound to its node (a real one as is)."""
+        if not tensor.is_complex():
+            return tensor
+        ref = self.ref(tensor)
+        with _disable_current_modes():  # (a conjugate or negative view: its values resolved)
+            pairs = torch.view_as_real(tensor.resolve_conj().resolve_neg())
+        self.bind(pairs, ref)
+        return pairs
 
     def _read_into_python(self, tensor: torch.Tensor) -> None:
         """`.item()`, `int(x)`, `if x:`: the program goes on with a Python number, which the graph
@@ -437,8 +467,8 @@ def capture(module: torch.nn.Module, call: Callable[[], Any], inputs: dict[str, 
     leaves += [("input", n, t) for n, t in inputs.items()]
     for kind, name, tensor in leaves:
         tensor = local_tensor(tensor)
-        dtype = str(tensor.dtype).removeprefix("torch.")
-        node_name = builder.emit_placeholder(name, kind, tuple(tensor.shape), dtype)
+        shape, dtype = complex_pairs.held_as(tensor)
+        node_name = builder.emit_placeholder(name, kind, shape, dtype)
         recorder.bind(tensor, node_name)
     hooks = [register_module_forward_pre_hook(sources.enter), register_module_forward_hook(sources.leave)]
     try:

@@ -47,6 +47,10 @@ def rules() -> list[Rule]:
         Rule("sum-over-merged-dim", '(reduce "sum" (merge a d i) d)',
              '(squeeze (reduce "sum" (reduce "sum" a (+ d 1)) d) (+ d 1))',
              lambda gen, c: {"a": tensor(gen, 2, 3, 5), "d": 0, "i": 3}),
+        # Sums that keep their dims may run in either order (a bias gradient over [b, s, n]).
+        Rule("sums-commute", '(reduce "sum" (reduce "sum" a d) k)',
+             '(reduce "sum" (reduce "sum" a k) d)',
+             lambda gen, c: {"a": tensor(gen, 2, 3, 5), "d": 0, "k": 1}, when=("(!= d k)",)),
         Rule("amax-over-concat-dim", '(reduce "amax" (concat a b d na nb) d)',
              '(pmax (reduce "amax" a d) (reduce "amax" b d))', _same_dim),
         Rule("concat-of-psums", "(concat (psum a b) (psum x y) d na nb)",

@@ -429,8 +429,9 @@ class Verifier:
         Ops on replicated inputs have their counterparts one hop away on every rank; ops on
         sharded or partial inputs look further, past collectives.
         """
-        depth = {name: 0 for name in start}
-        queue = deque(sorted(start, key=self.dist.order.get))
+        seeds = self._moved_from(start, region) if look_through else set(start)
+        depth = {name: 0 for name in seeds}
+        queue = deque(sorted(seeds, key=self.dist.order.get))
         while queue:
             name = queue.popleft()
             if depth[name] >= max_depth:
@@ -443,6 +444,20 @@ class Verifier:
                 (queue.appendleft if moves else queue.append)(user)
         window = sorted((n for n in depth if n not in start), key=self.dist.order.get)
         return window[:self.options.max_window_nodes]
+
+    def _moved_from(self, start: set[str], region: str) -> set[str]:
+        """`start` and the tensors its members were moved from (a rank's merge of rows whose
+        unmerged rows other ops read: a bias gradient summed over each dim in turn)."""
+        found, stack = set(start), list(start)
+        while stack:
+            node = self.dist.graph[stack.pop()]
+            if node.op not in _MOVES_DATA:
+                continue
+            for arg in node.inputs:
+                if arg not in found and arg not in self.dist_const and self.region[arg] == region:
+                    found.add(arg)
+                    stack.append(arg)
+        return found
 
     def _with_dependencies(self, window: list[str], known: set[str], leaves_in: list[str],
                            region: str) -> list[str]:

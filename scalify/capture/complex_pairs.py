@@ -18,11 +18,20 @@ aten = torch.ops.aten
 
 
 MAKERS = frozenset({aten.view_as_complex, aten.polar, aten.complex})  # complex from reals
+_VALUES = frozenset({aten.view_as_real, aten.resolve_conj, aten.resolve_neg, aten._conj,
+                     aten.conj_physical, aten.conj, aten._neg_view, aten.real, aten.imag,
+                     aten.mul, aten.add, aten.sub, aten.cat})
+_MOVEMENT = frozenset({aten.view, aten._unsafe_view, aten.reshape, aten.expand, aten.unsqueeze,
+                       aten.squeeze, aten.slice, aten.select, aten.permute, aten.transpose,
+                       aten.index, aten.clone, aten.alias, aten.detach, aten._to_copy,
+                       aten.lift_fresh})
 
 
-def involves_complex(func: Any, operands: Any) -> bool:
-    """Whether an op reads or makes a complex tensor."""
-    return func.overloadpacket in MAKERS or any(
+def lowers(func: Any, operands: Any) -> bool:
+    """Whether the op reads or makes a complex tensor and is lowered here (any other op on
+    complex tensors takes the tracer's usual path: an FFT is an uninterpreted function)."""
+    packet = func.overloadpacket
+    return packet in MAKERS or (packet in _VALUES or packet in _MOVEMENT) and any(
         isinstance(t, torch.Tensor) and t.is_complex() for t in tree_leaves(operands))
 
 
@@ -67,7 +76,7 @@ def _movement(func: Any, args: tuple, out: torch.Tensor, pairs: Pairs) -> torch.
     z, rest = args[0], args[1:]
     p, ndim = pairs(z), z.dim()
     packet = func.overloadpacket
-    if packet in (aten.view, aten._unsafe_view, aten.reshape):
+    if packet in (aten.view, aten._unsafe_view, aten.reshape):  # (row-major either way)
         return p.reshape(*out.shape, 2)
     if packet is aten.expand:
         return p.expand(*out.shape, 2)

@@ -224,7 +224,7 @@ class _Recorder(TorchDispatchMode):
         kwargs = kwargs or {}
         if has_dtensor(types):
             return NotImplemented  # DTensor runs it; its local ops come back here
-        if complex_pairs.involves_complex(func, (args, kwargs)):
+        if complex_pairs.lowers(func, (args, kwargs)):
             return self._as_pairs(func, args, kwargs)
         decomposition = decomposition_of(func) if func not in self._decomposing else None
         if decomposition is not None:

@@ -181,11 +181,12 @@ def constant_values(graph: Graph) -> dict[str, torch.Tensor | None]:
     return values
 
 
-def constant_keys(graph: Graph) -> dict[str, str]:
-    """A key for every constant node (`constant_values`): a hash of its value where the
-    interpreter can compute it (so `x.t().t()` or an operand order makes no difference), else a
-    hash of its structure."""
-    values = constant_values(graph)
+def constant_keys(graph: Graph, values: dict[str, torch.Tensor | None] | None = None
+                  ) -> dict[str, str]:
+    """A key for every constant node (`constant_values`, or the `values` given): a hash of its
+    value where the interpreter can compute it (so `x.t().t()` or an operand order makes no
+    difference), else a hash of its structure."""
+    values = constant_values(graph) if values is None else values
     keys: dict[str, str] = {}
     for node in graph:
         if node.name not in values:
@@ -197,11 +198,31 @@ def constant_keys(graph: Graph) -> dict[str, str]:
         if value is None:
             content = repr((node.op, node.attrs, node.shape, node.dtype,
                             [keys[i] for i in node.inputs])).encode()
+            keys[node.name] = hashlib.sha1(content).hexdigest()[:16]
         else:
-            content = repr((node.shape, node.dtype)).encode() + value.view(-1).view(
-                torch.uint8).numpy().tobytes()
-        keys[node.name] = hashlib.sha1(content).hexdigest()[:16]
+            keys[node.name] = _value_key(node.shape, node.dtype, value)
     return keys
+
+
+def _value_key(shape: tuple[int, ...], dtype: str, value: torch.Tensor) -> str:
+    content = repr((shape, dtype)).encode() + value.reshape(-1).view(torch.uint8).numpy().tobytes()
+    return hashlib.sha1(content).hexdigest()[:16]
+
+
+def _uniform_broadcast(node: Node, value: torch.Tensor | None) -> str | None:
+    """A constant of one value everywhere as the broadcast of that value (`torch.full` of the
+    whole batch's heads and of a rank's heads then relate), or None."""
+    if value is None or value.numel() <= 1:
+        return None
+    first = value.reshape(-1)[:1]
+    if not bool((value == first).all()):
+        return None
+    ones = (1,) * len(node.shape)
+    term = f'(const "{_value_key(ones, node.dtype, first.reshape(ones))}")'
+    for dim, size in enumerate(node.shape):
+        if size != 1:
+            term = f"(expand {term} {dim} {size})"
+    return term
 
 
 def _constant_value(node: Node, inputs: list[torch.Tensor | None]) -> torch.Tensor | None:
@@ -219,10 +240,12 @@ def _constant_value(node: Node, inputs: list[torch.Tensor | None]) -> torch.Tens
 
 def constant_terms(graph: Graph) -> dict[str, str]:
     """The egglog term of every node that depends on no placeholder: a `(const "key")` leaf,
-    except that broadcasts of constants stay `expand`/`unsqueeze` terms, so a constant the size
-    of the whole batch relates to each rank's smaller one. Any other node with the value of an
-    earlier one gets that one's term."""
-    keys = constant_keys(graph)
+    except that broadcasts of constants stay `expand`/`unsqueeze` terms, and a constant of one
+    value everywhere is the broadcast of that value, so a constant the size of the whole batch
+    relates to each rank's smaller one. Any other node with the value of an earlier one gets
+    that one's term."""
+    values = constant_values(graph)
+    keys = constant_keys(graph, values)
     terms: dict[str, str] = {}
     by_key: dict[str, str] = {}
     for node in graph:
@@ -235,5 +258,6 @@ def constant_terms(graph: Graph) -> dict[str, str]:
         elif node.op == "unsqueeze" and inner:
             terms[node.name] = by_key[key] = f"(unsqueeze {inner} {node.attr('dim')})"
         else:
-            terms[node.name] = by_key.setdefault(key, f'(const "{key}")')
+            terms[node.name] = by_key.setdefault(
+                key, _uniform_broadcast(node, values[node.name]) or f'(const "{key}")')
     return terms

@@ -89,6 +89,16 @@ def rules() -> list[Rule]:
              "(where3 (concat c1 c2 d na nb) (expand u d n) (expand w d n))",
              "(concat (where3 c1 (expand u d na) (expand w d na)) "
              "(where3 c2 (expand u d nb) (expand w d nb)) d na nb)", _selected),
+        # A mask per rank's heads selecting between a broadcast fill and per-rank heads (or
+        # the other way round): the causal masks of scaled_dot_product_attention.
+        Rule("where-over-concat-broadcast-concat",
+             "(where3 (concat c1 c2 d na nb) (expand u d n) (concat x y d na nb))",
+             "(concat (where3 c1 (expand u d na) x) (where3 c2 (expand u d nb) y) d na nb)",
+             _selected),
+        Rule("where-over-concat-concat-broadcast",
+             "(where3 (concat c1 c2 d na nb) (concat x y d na nb) (expand w d n))",
+             "(concat (where3 c1 x (expand w d na)) (where3 c2 y (expand w d nb)) d na nb)",
+             _selected),
         # A mask broadcast over heads selecting between per-rank heads and a broadcast fill.
         Rule("where-over-broadcast-concat-broadcast",
              "(where3 (expand u d n) (concat a b d na nb) (expand w d n))",

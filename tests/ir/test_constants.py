@@ -57,3 +57,17 @@ def test_rank_dependent_constants_are_keyed_by_structure() -> None:
 
     on_every_rank = first_two(RankAffine(0, 0))
     assert len({first_two(RankAffine(2, 0)), on_every_rank, first_two(0)}) == 3
+
+
+def _zeros(heads: int) -> Graph:
+    return _graph(("z", "full", (), (("shape", (2, heads, 8, 8)), ("value", 0.0),
+                                     ("dtype", "float32"))))
+
+
+def test_a_constant_of_one_value_is_the_broadcast_of_that_value() -> None:
+    """The whole batch's heads and a rank's heads of `torch.full` share the one-element leaf."""
+    whole, part = constant_terms(_zeros(4))["z"], constant_terms(_zeros(2))["z"]
+    assert whole.startswith("(expand") and part.startswith("(expand")
+    leaf = whole[whole.index("(const"):whole.index(")") + 1]
+    assert leaf == part[part.index("(const"):part.index(")") + 1]
+    assert "1 4)" in whole and "1 2)" in part

@@ -228,6 +228,16 @@ def rules() -> list[Rule]:
              "(unsqueeze (transpose x d e) k)",
              lambda gen, c: {"x": tensor(gen, 4, 3, 5), "k": 3, "d": 0, "e": 2},
              when=("(< d e)", "(< e k)")),
+        # A transpose of two dims on one side of a merge passes it (heads merged into the
+        # batch of a batched product, [b*h, s, d], transposed to [b*h, d, s]).
+        Rule("transpose-over-merge-after", "(transpose (merge x k i) d e)",
+             "(merge (transpose x (+ d 1) (+ e 1)) k i)",
+             lambda gen, c: {"x": tensor(gen, 2, 3, 4, 5), "k": 0, "i": 3, "d": 1, "e": 2},
+             when=("(< k d)", "(< d e)")),
+        Rule("transpose-over-merge-before", "(transpose (merge x k i) d e)",
+             "(merge (transpose x d e) k i)",
+             lambda gen, c: {"x": tensor(gen, 4, 5, 2, 3), "k": 2, "i": 3, "d": 0, "e": 1},
+             when=("(< d e)", "(< e k)")),
         Rule("unsqueeze-below-unit-dim", "(unsqueeze x d)", "(unsqueeze x (- d 1))",
              lambda gen, c: {"x": tensor(gen, 4, 1, 3), "d": 2},
              when=("(> d 0)", "(= (dimsize x (- d 1)) 1)")),

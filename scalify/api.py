@@ -165,9 +165,10 @@ def verify_graphs(ref_graph: Graph, rank_graphs: list[Graph], placements: dict[s
     start = time.perf_counter()
     executor = executor or InlineExecutor()
     attempt.run(executor, options, placements, outputs, progress, "verify")
-    if not attempt.verified:
+    if attempt.result.discrepancies:
         # The same math may scale at other places on the ranks (a mean per rank, then a sum
-        # over ranks): a second attempt with every scalar factor moved to where it matters.
+        # over ranks): a second attempt with every scalar factor moved to where it matters
+        # (not after an unknown: that is a bound reached, which a second attempt meets again).
         scaled_ref, *scaled_ranks = pushed_scales([ref_graph]) + pushed_scales(rank_graphs)
         if any(map(_rewritten, [ref_graph, *rank_graphs], [scaled_ref, *scaled_ranks])):
             moved = _Attempt.of(scaled_ref, scaled_ranks, placements, options, False, moved=True)

@@ -143,6 +143,10 @@ def rules() -> list[Rule]:
         Rule("additive-over-psums", "(binary f (psum a b) (psum x y))",
              "(psum (binary f a x) (binary f b y))", _psum_example, when=("(additive f)",),
              families={"f": ADDITIVE}),
+        # A bias added on one rank before the sum over ranks (vLLM's row-parallel layers add
+        # it on rank 0 only): added to one part of the partial sum.
+        Rule("add-into-one-part", '(binary "add" (psum a b) y)',
+             '(psum (binary "add" a y) b)', _psum_example),
         Rule("scaling-over-psum-left", "(binary f (psum a b) y)",
              "(psum (binary f a y) (binary f b y))", _psum_example, when=("(scales_left f)",),
              families={"f": SCALES_LEFT}),

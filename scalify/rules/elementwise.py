@@ -144,9 +144,11 @@ def rules() -> list[Rule]:
              "(psum (binary f a x) (binary f b y))", _psum_example, when=("(additive f)",),
              families={"f": ADDITIVE}),
         # A bias added on one rank before the sum over ranks (vLLM's row-parallel layers add
-        # it on rank 0 only): added to one part of the partial sum.
-        Rule("add-into-one-part", '(binary "add" (psum a b) y)',
-             '(psum (binary "add" a y) b)', _psum_example),
+        # it on rank 0 only): added to one part of the partial sum. Only where that rank's sum
+        # exists (adding y to every part of every partial sum in turn multiplies the e-graph).
+        Rule("add-into-one-part", '(binary "add" (psum a b) y)', "(psum z b)",
+             lambda gen, c: (lambda env: {**env, "z": env["a"] + env["y"]})(_psum_example(gen, c)),
+             when=('(= z (binary "add" a y))',)),
         Rule("scaling-over-psum-left", "(binary f (psum a b) y)",
              "(psum (binary f a y) (binary f b y))", _psum_example, when=("(scales_left f)",),
              families={"f": SCALES_LEFT}),

@@ -7,7 +7,9 @@ DTensor, and its local ops are recorded (see dtensor.py): a rank's graph is its 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import linecache
 import os
 import sys
@@ -16,6 +18,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed._functional_collectives as funcol
+import typing_extensions
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import (TorchDispatchMode, _disable_current_modes,
@@ -35,6 +38,9 @@ from .dtensor import has_dtensor, local_tensor, sharding_propagation_unrecorded
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _CAPTURE_DIR = os.path.dirname(__file__)
+# Decorators' wrappers (`typing_extensions.deprecated` wraps torch.distributed's old names):
+# their frames stand for the line that called them.
+_WRAPPERS = frozenset(module.__file__ for module in (contextlib, functools, typing_extensions))
 _POINT_TO_POINT = ("send", "recv_")  # lowered in aten.py; every other c10d op is a collective
 _VARYING = (RANDOM, COLLECTIVE, POINT_TO_POINT)  # op traits whose values no program text fixes
 _COLLECTIVE_GROUP_ARG = {"all_reduce": 2, "all_gather_into_tensor": 2, "reduce_scatter_tensor": 3,
@@ -89,9 +95,7 @@ class SourceTracker:
         runs between it and the op (so no user code of the backward pass is on the stack)."""
         frame, in_engine = sys._getframe(3), False
         while frame is not None:
-            filename = frame.f_code.co_filename
-            if not (filename.startswith(_TORCH_DIR) or filename.startswith(_CAPTURE_DIR)
-                    or filename.startswith("<")):
+            if not _outside_user_code(frame.f_code.co_filename):
                 break
             in_engine = in_engine or frame.f_code.co_name == "_engine_run_backward"
             frame = frame.f_back
@@ -111,11 +115,16 @@ class SourceTracker:
         trace = error.__traceback__
         while trace is not None:
             filename = trace.tb_frame.f_code.co_filename
-            if not (filename.startswith(_TORCH_DIR) or filename.startswith(_CAPTURE_DIR)
-                    or filename.startswith("<")):
+            if not _outside_user_code(filename):
                 line = f" at {filename}:{trace.tb_lineno}"
             trace = trace.tb_next
         return f"{self.stack[-1] if self.stack else 'the model'}{line}"
+
+
+def _outside_user_code(filename: str) -> bool:
+    """Torch's, this package's, generated code, or a decorator's wrapper."""
+    return (filename.startswith(_TORCH_DIR) or filename.startswith(_CAPTURE_DIR)
+            or filename.startswith("<") or filename in _WRAPPERS)
 
 
 def _callers(frame: Any, count: int = 3) -> tuple[str, ...]:
@@ -123,7 +132,8 @@ def _callers(frame: Any, count: int = 3) -> tuple[str, ...]:
     found: list[str] = []
     while frame is not None and len(found) < count:
         filename = frame.f_code.co_filename
-        if not (filename.startswith(_TORCH_DIR) or filename.startswith("<")):
+        if not (filename.startswith(_TORCH_DIR) or filename.startswith("<")
+                or filename in _WRAPPERS):
             found.append(f"{filename}:{frame.f_lineno}")
         frame = frame.f_back
     return tuple(found)

@@ -1,0 +1,20 @@
+"""Each op names the user line that ran it: a decorator's wrapper (`typing_extensions.deprecated`
+wraps torch.distributed's old names) stands for the line that called it."""
+import inspect
+
+import typing_extensions
+import torch.nn.functional as F
+from torch import nn
+
+from scalify.capture.tracer import capture
+
+# torch's own Python code behind the wrapper: no user frame between the op and the wrapper
+old_softsign = typing_extensions.deprecated("use F.softsign")(F.softsign)
+
+
+def test_an_op_behind_a_deprecation_wrapper_names_the_calling_line():
+    x = torch.randn(3)
+    line = inspect.currentframe().f_lineno + 1
+    graph = capture(nn.Module(), lambda: old_softsign(x), {"x": x})
+    (node, *_) = [n for n in graph if n.op != "placeholder"]
+    assert (node.source.file, node.source.line) == (__file__, line)

@@ -2,8 +2,9 @@
 wraps torch.distributed's old names) stands for the line that called it."""
 import inspect
 
-import typing_extensions
+import torch
 import torch.nn.functional as F
+import typing_extensions
 from torch import nn
 
 from scalify.capture.tracer import capture

@@ -79,6 +79,8 @@ def run(case: Case) -> Outcome:
             detail = f"{first.ref_op} at {first.location}: {first.found}"
         elif report.unknown:
             detail = report.unknown[0]
+        else:  # verified: the programs as written, or with their scalar factors moved
+            detail = f"scalar factors {report.stats['scalar_factors']}"
     except ScalifyError as error:
         verdict, detail = "refused", str(error).splitlines()[0]
     except Exception as error:  # a crash is what the corpus exists to find

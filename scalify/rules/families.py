@@ -23,7 +23,13 @@ COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne")  # of integer comparisons (`c
 # family variable that no condition tests (with a trait fact) matches every key of its kind.
 KINDS = (UNARY_KEYS, BINARY_KEYS, REDUCTIONS, NORMALIZATIONS, COMPARISONS)
 
-# Static trait facts loaded into every e-graph; linear unary keys are added per window.
+# Uninterpreted ops applied along the last dim alone (each row on its own).
+LAST_DIM_OPS = ("topk", "topk_index")
+LAST_DIM_KEYS = ("topk|k=1", "topk_index|k=2")
+
+# Static trait facts loaded into every e-graph; the keys of parametric traits (their
+# attribute values vary) are added per window for the ops it holds (WINDOW_TRAITS).
 FACTS = {"commutative": set(COMMUTATIVE), "additive": set(ADDITIVE),
-         "scales_left": set(SCALES_LEFT),
-         "scales_right": set(SCALES_RIGHT), "linear_unary": set(LINEAR_UNARY_KEYS)}
+         "scales_left": set(SCALES_LEFT), "scales_right": set(SCALES_RIGHT),
+         "linear_unary": set(LINEAR_UNARY_KEYS), "last_dim": set(LAST_DIM_KEYS)}
+WINDOW_TRAITS = {"linear_unary": LINEAR_UNARY_OPS, "last_dim": LAST_DIM_OPS}

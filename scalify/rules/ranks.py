@@ -14,8 +14,8 @@ import torch
 from .base import Rule
 from .examples import tensor
 from .movement import MOVEMENT_OPS, SHAPE_DETERMINING
-from .families import (ADDITIVE, BINARY_KEYS, COMPARISONS, LINEAR_UNARY_KEYS, NORMALIZATIONS,
-                       REDUCTIONS, SCALES_LEFT, SCALES_RIGHT, UNARY_KEYS)
+from .families import (ADDITIVE, BINARY_KEYS, COMPARISONS, LAST_DIM_KEYS, LINEAR_UNARY_KEYS,
+                       NORMALIZATIONS, REDUCTIONS, SCALES_LEFT, SCALES_RIGHT, UNARY_KEYS)
 from .terms import Family
 
 RULESET = "ranks"
@@ -107,6 +107,9 @@ def _row_wise() -> list[Rule]:
              lambda gen, c: {**masked(gen, c), "u": torch.randint(-2, 3, (3, 1, 5), generator=gen) > 0,
                              "n": 2 * WORLD},
              when=("(inv u)",)),
+        Rule("last-dim-op-over-rcat", "(opaque1 f (rcat x d s))", "(rcat (opaque1 f x) d s)",
+             lambda gen, c: {"x": family(gen, *SHAPE), "d": 1, "s": SHAPE[1], **c},
+             when=("(last_dim f)", "(< (+ d 1) (ndim x))"), families={"f": LAST_DIM_KEYS}),
         Rule("where-over-rcats", "(where3 (rcat c d s) (rcat x d s) (rcat y d s))",
              "(rcat (where3 c x y) d s)", selected),
         Rule("where-over-rcat-and-broadcasts", "(where3 (rcat c d s) (expand u d n) (expand w d n))",

@@ -10,7 +10,7 @@ import torch
 
 from .base import Rule
 from .examples import tensor
-from .families import COMPARISONS
+from .families import COMPARISONS, LAST_DIM_KEYS
 
 SHAPE = (3, 4, 5)  # examples concatenate along dim 1, split after 1
 
@@ -71,6 +71,10 @@ def rules() -> list[Rule]:
         Rule("compare-over-concat", "(cmp_int f (concat a b d na nb) v)",
              "(concat (cmp_int f a v) (cmp_int f b v) d na nb)", _compare,
              families={"f": COMPARISONS}),
+        Rule("last-dim-op-over-concat", "(opaque1 f (concat a b d na nb))",
+             "(concat (opaque1 f a) (opaque1 f b) d na nb)", lambda gen, c: {**_parts(
+                 lambda *s: tensor(gen, *s)), **c}, when=("(last_dim f)", "(< (+ d 1) (ndim a))"),
+             families={"f": LAST_DIM_KEYS}),
         Rule("add-int-over-concat", "(add_int (concat a b d na nb) v)",
              "(concat (add_int a v) (add_int b v) d na nb)", _compare),
         Rule("masked-fill-over-concats", "(masked_fill (concat a b d na nb) (concat m1 m2 d na nb) v)",

@@ -19,7 +19,7 @@ from ..ir.graph import Graph, Node, SourceLoc
 from ..ir.ops import MOVEMENT, OPS, RANDOM
 from ..placements import Custom, Placement, Replicate, Stage
 from ..report.model import Discrepancy
-from ..rules.families import LINEAR_UNARY_OPS
+from ..rules.families import WINDOW_TRAITS
 from ..rules.terms import (App, Term, is_relational, leaves, op_key, parse, render,
                             shape_facts)
 from .congruence import broadcast_term, rank_concat_relation, replicated_twins
@@ -403,9 +403,10 @@ class Verifier:
             lines.append(f"(set (world) {self.dist.world_size})")
         lines += self._definitions(defined)
         lines += self._sizes(lines)
-        keys = {op_key(n.op, dict(n.attrs)) for n in [node, *(self.dist.graph[d] for d in defined)]
-                if n.op in LINEAR_UNARY_OPS}
-        lines += [f"(linear_unary {render(key)})" for key in sorted(keys)]
+        nodes = [node, *(self.dist.graph[d] for d in defined)]
+        for trait, ops in WINDOW_TRAITS.items():
+            keys = {op_key(n.op, dict(n.attrs)) for n in nodes if n.op in ops}
+            lines += [f"({trait} {render(key)})" for key in sorted(keys)]
         return "\n".join(lines), window
 
     def _fewer_replicas(self, same: tuple[str, ...], inputs: list[Relation]) -> bool:

@@ -24,7 +24,7 @@ from .engine import Executor, InlineExecutor, VerifyJob, executor_for
 from .errors import CaptureError, ShapeError
 from .ir.distributed import merge_ranks
 from .ir.graph import Graph
-from .ir.scaling import SCALINGS, pushed_scales
+from .ir.scaling import pushed_scales, scaling_nodes
 from .ir.simplify import without_double_transposes
 from .ir.symmetry import symbolic_program
 from .placements import Custom, Placement, Replicate, Shard
@@ -131,15 +131,10 @@ class _Attempt:
             job, lambda done, total: progress(stage, done, total))
 
     def better(self, moved: _Attempt) -> _Attempt:
-        """The attempt to report, this one being the code as written: `moved` if it verifies,
-        or if both find discrepancies and this one's first is at a scaling (there the two
-        forms differ, and `moved` tells whether the scales agree), else this one."""
-        if moved.verified:
-            return moved
-        first = self.result.discrepancies[:1]
-        if first and moved.result.discrepancies and first[0].ref_op in SCALINGS:
-            return moved
-        return self
+        """The attempt to report, this one being the code as written (with a discrepancy at a
+        scaling): `moved` if it verifies or finds discrepancies too (the two forms differ at
+        scalings, and `moved` tells whether the scales agree), else this one."""
+        return moved if moved.verified or moved.result.discrepancies else self
 
 
 def _rewritten(before: Graph, after: Graph) -> bool:
@@ -165,10 +160,11 @@ def verify_graphs(ref_graph: Graph, rank_graphs: list[Graph], placements: dict[s
     start = time.perf_counter()
     executor = executor or InlineExecutor()
     attempt.run(executor, options, placements, outputs, progress, "verify")
-    if attempt.result.discrepancies:
+    scaling = scaling_nodes(ref_graph)
+    if any(d.ref_node in scaling for d in attempt.result.discrepancies):
         # The same math may scale at other places on the ranks (a mean per rank, then a sum
-        # over ranks): a second attempt with every scalar factor moved to where it matters
-        # (not after an unknown: that is a bound reached, which a second attempt meets again).
+        # over ranks): after a discrepancy at a scaling, a second attempt with every scalar
+        # factor moved to where it matters.
         scaled_ref, *scaled_ranks = pushed_scales([ref_graph]) + pushed_scales(rank_graphs)
         if any(map(_rewritten, [ref_graph, *rank_graphs], [scaled_ref, *scaled_ranks])):
             moved = _Attempt.of(scaled_ref, scaled_ranks, placements, options, False, moved=True)

@@ -77,9 +77,16 @@ class _Pusher:
     written: dict[tuple[str, Fraction, str], str] = field(default_factory=dict)
     collective_factors: dict[str, Fraction] = field(default_factory=dict)  # by collective input
 
-    def run(self) -> Graph:
+    def __post_init__(self) -> None:
         self.constants = constant_values(self.graph)
         self.nodes = {node.name: node for node in self.graph}
+
+    def scales(self, node: Node) -> bool:
+        """Whether the node scales a value by a factor (which the pass carries on)."""
+        return node.name not in self.constants and (
+            self._own_factor(node) is not None or self._uniform_operand(node) is not None)
+
+    def run(self) -> Graph:
         for node in self.graph:
             if node.name in self.constants or node.op == "placeholder":
                 self.scaled[node.name] = Scaled(self.out.add(node).name)
@@ -189,6 +196,13 @@ class _Pusher:
                         replace(value.source, module=module))
             self.written[key] = self.out.add(node).name
         return self.written[key]
+
+
+def scaling_nodes(graph: Graph) -> set[str]:
+    """The nodes that scale a value by a factor: where the code as written and its moved form
+    differ."""
+    pusher = _Pusher(graph, set(), None)
+    return {node.name for node in graph if pusher.scales(node)}
 
 
 def pushed_scales(graphs: list[Graph]) -> list[Graph]:

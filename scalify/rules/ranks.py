@@ -243,6 +243,12 @@ def _movement() -> list[Rule]:
         Rule("rcat-of-own-blocks", "(rcat (rslice t d s) d s)", "t", gathered_block,
              when=("(inv t)",)),
         Rule("own-block-of-rcat", "(rslice (rcat x d s) d s)", "x", _part(1, d=1)),
+        # Any rank's block of a gathered tensor that every rank holds alike is that tensor
+        # (a broadcast from a root: the root's block of an all_gather).
+        Rule("block-of-invariant-rcat", "(slice (rcat x d s) d a b)", "x",
+             lambda gen, c: {"x": tensor(gen, *SHAPE), "d": 1, "s": SHAPE[1], "a": SHAPE[1],
+                             "b": 2 * SHAPE[1]},
+             when=("(inv x)", "(= b (+ a s))", "(= 0 (% a s))")),
         # Name the parts of a rank's concat as slices of it (its fused blocks, e.g. [q|k|v]).
         Rule("concat-parts-are-slices", "(concat a b d na nb)",
              "(concat (slice (concat a b d na nb) d 0 na) "

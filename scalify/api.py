@@ -131,9 +131,9 @@ class _Attempt:
             job, lambda done, total: progress(stage, done, total))
 
     def better(self, moved: _Attempt) -> _Attempt:
-        """The attempt to report, this one being the code as written (with a discrepancy at a
-        scaling): `moved` if it verifies or finds discrepancies too (the two forms differ at
-        scalings, and `moved` tells whether the scales agree), else this one."""
+        """The attempt to report, this one being the code as written (its first discrepancy
+        at a scaling): `moved` if it verifies or finds discrepancies too (the two forms differ
+        at scalings, and `moved` tells whether the scales agree), else this one."""
         return moved if moved.verified or moved.result.discrepancies else self
 
 
@@ -160,11 +160,11 @@ def verify_graphs(ref_graph: Graph, rank_graphs: list[Graph], placements: dict[s
     start = time.perf_counter()
     executor = executor or InlineExecutor()
     attempt.run(executor, options, placements, outputs, progress, "verify")
-    scaling = scaling_nodes(ref_graph)
-    if any(d.ref_node in scaling for d in attempt.result.discrepancies):
+    first = attempt.result.discrepancies[:1]
+    if first and first[0].ref_node in scaling_nodes(ref_graph):
         # The same math may scale at other places on the ranks (a mean per rank, then a sum
-        # over ranks): after a discrepancy at a scaling, a second attempt with every scalar
-        # factor moved to where it matters.
+        # over ranks): when the first discrepancy is at a scaling, a second attempt with every
+        # scalar factor moved to where it matters.
         scaled_ref, *scaled_ranks = pushed_scales([ref_graph]) + pushed_scales(rank_graphs)
         if any(map(_rewritten, [ref_graph, *rank_graphs], [scaled_ref, *scaled_ranks])):
             moved = _Attempt.of(scaled_ref, scaled_ranks, placements, options, False, moved=True)

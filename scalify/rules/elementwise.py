@@ -25,6 +25,11 @@ def _psum_example(gen, choice):
     return {name: tensor(gen, *SHAPE) for name in "abxy"} | choice
 
 
+def _bias_into_one_part(gen, choice):
+    env = {**_psum_example(gen, choice), "u": tensor(gen, 3, 1, 5), "d": 1, "n": SHAPE[1]}
+    return {**env, "z": env["a"] + env["u"].expand(SHAPE)}
+
+
 def _shape_op_rules() -> list[Rule]:
     """Elementwise ops commute with the size-1 shape ops that relations may contain."""
     x3, y3 = (lambda gen: tensor(gen, 3, 1, 5)), (lambda gen: tensor(gen, 3, 1, 5))
@@ -144,11 +149,12 @@ def rules() -> list[Rule]:
              "(psum (binary f a x) (binary f b y))", _psum_example, when=("(additive f)",),
              families={"f": ADDITIVE}),
         # A bias added on one rank before the sum over ranks (vLLM's row-parallel layers add
-        # it on rank 0 only): added to one part of the partial sum. Only where that rank's sum
-        # exists (adding y to every part of every partial sum in turn multiplies the e-graph).
-        Rule("add-into-one-part", '(binary "add" (psum a b) y)', "(psum z b)",
-             lambda gen, c: (lambda env: {**env, "z": env["a"] + env["y"]})(_psum_example(gen, c)),
-             when=('(= z (binary "add" a y))',)),
+        # it on rank 0 only): added to one part of the partial sum. Only a broadcast bias, and
+        # only where that rank's sum exists: adding any y to every part of every partial sum
+        # multiplies the e-graph, and a residual added on every rank to an unsummed partial
+        # (a missing all_reduce) would relate past the add that should have summed it.
+        Rule("bias-into-one-part", '(binary "add" (psum a b) (expand u d n))', "(psum z b)",
+             _bias_into_one_part, when=('(= z (binary "add" a (expand u d n)))',)),
         Rule("scaling-over-psum-left", "(binary f (psum a b) y)",
              "(psum (binary f a y) (binary f b y))", _psum_example, when=("(scales_left f)",),
              families={"f": SCALES_LEFT}),

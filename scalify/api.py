@@ -6,7 +6,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
@@ -22,6 +22,7 @@ from .capture.tracer import capture
 from .config import Experiment, load_experiment
 from .engine import Executor, InlineExecutor, VerifyJob, executor_for
 from .errors import CaptureError, ShapeError
+from .ir.assumptions import ValueRange, assuming
 from .ir.distributed import merge_ranks
 from .ir.graph import Graph
 from .ir.scaling import pushed_scales, scaling_nodes
@@ -50,7 +51,8 @@ def verify_modules(reference: nn.Module, rank_module_factory: Callable[[int], nn
                    name: str = "modules", progress: Progress = _quiet,
                    options: VerifyOptions | None = None, capture_workers: int = 1,
                    executor: Executor | None = None, grad: bool = False,
-                   shard_fn: ShardFn | None = None) -> Report:
+                   shard_fn: ShardFn | None = None,
+                   assume: Mapping[str, tuple[int, int]] | None = None) -> Report:
     """Prove that `rank_module_factory(r)` for r < world_size computes what `reference` computes.
 
     `example_inputs` are reference-shaped tensors (meta, fake or real) passed to both forwards
@@ -61,7 +63,9 @@ def verify_modules(reference: nn.Module, rank_module_factory: Callable[[int], nn
     modules that return gradients (see `scalify.steps.training_step`) have their backward
     pass verified too. `shard_fn(reference_state, rank, world_size) ->
     rank_state`, a checkpoint sharding function, states the parameters' placements instead
-    (read by `infer_placements`; `param_placements` still override it).
+    (read by `infer_placements`; `param_placements` still override it). `assume` bounds
+    integer inputs (name -> inclusive (low, high), e.g. labels never the ignore index): the
+    proof then holds for inputs within those ranges, and the report says so.
     """
     input_placements = input_placements or {}
     timings: dict[str, float] = {}
@@ -76,7 +80,7 @@ def verify_modules(reference: nn.Module, rank_module_factory: Callable[[int], nn
     outputs = output_placements or [Replicate()] * len(ref_graph.outputs)
     return verify_graphs(ref_graph, rank_graphs, placements, outputs, numeric=numeric, name=name,
                          progress=progress, options=options, executor=executor, timings=timings,
-                         started=start)
+                         started=start, assume=assume)
 
 
 def capture_modules(reference: nn.Module, rank_module_factory: Callable[[int], nn.Module],
@@ -145,15 +149,19 @@ def verify_graphs(ref_graph: Graph, rank_graphs: list[Graph], placements: dict[s
                   outputs: list[Placement], *, numeric: bool = False, name: str = "graphs",
                   progress: Progress = _quiet, options: VerifyOptions | None = None,
                   executor: Executor | None = None, timings: dict[str, float] | None = None,
-                  started: float | None = None) -> Report:
+                  started: float | None = None,
+                  assume: Mapping[str, tuple[int, int]] | None = None) -> Report:
     """Prove that the rank graphs compute what the reference graph computes, given captured
     graphs (any frontend): `placements` relate the reference's inputs (by placeholder name) to
     the ranks', `outputs` state each output's expected placement. `timings` (e.g. the capture's)
-    are kept in the report; `started` is when the lowering stage began (default: now)."""
+    are kept in the report; `started` is when the lowering stage began (default: now).
+    `assume` bounds integer inputs as in `verify_modules`."""
     timings = dict(timings or {})
     start = time.perf_counter() if started is None else started
-    ref_graph = without_double_transposes(ref_graph)
-    rank_graphs = [without_double_transposes(graph) for graph in rank_graphs]
+    assumed = {name: ValueRange(*bounds) for name, bounds in (assume or {}).items()}
+    written_ref, written_ranks = ref_graph, rank_graphs
+    ref_graph = without_double_transposes(assuming([ref_graph], assumed)[0])
+    rank_graphs = [without_double_transposes(graph) for graph in assuming(rank_graphs, assumed)]
     options = options or VerifyOptions()
     attempt = _Attempt.of(ref_graph, rank_graphs, placements, options, numeric)
     timings["lowering_s"] = time.perf_counter() - start
@@ -172,11 +180,11 @@ def verify_graphs(ref_graph: Graph, rank_graphs: list[Graph], placements: dict[s
             attempt = attempt.better(moved)
     result, engine_stats = attempt.result, attempt.engine_stats
     timings["verify_s"] = time.perf_counter() - start
-    dist = attempt.dist if attempt.dist is not None else merge_ranks(rank_graphs)
     numeric_result = None
-    if numeric:
+    if numeric:  # the programs as written, on inputs within the assumed ranges
         start = time.perf_counter()
-        numeric_result = cross_check(ref_graph, dist, placements, outputs)
+        dist = attempt.dist if attempt.dist is not None and not assumed else merge_ranks(written_ranks)
+        numeric_result = cross_check(written_ref, dist, placements, outputs, assumed=assumed)
         timings["numeric_s"] = time.perf_counter() - start
     timings["total_s"] = sum(timings.values())
     verified = not result.discrepancies and not result.unknown
@@ -186,7 +194,8 @@ def verify_graphs(ref_graph: Graph, rank_graphs: list[Graph], placements: dict[s
              "layer_memo_hits": result.layer_hits, "rule_matches": result.rule_matches,
              "largest_egraph_nodes": result.largest_egraph,
              "blocked_ops": result.blocked, "rank_symmetry": attempt.symmetry,
-             "scalar_factors": "moved" if attempt.moved else "as written", **engine_stats}
+             "scalar_factors": "moved" if attempt.moved else "as written",
+             "assumed": {name: str(bounds) for name, bounds in assumed.items()}, **engine_stats}
     verdict = ("discrepancy" if result.discrepancies else "unknown" if result.unknown
                else "verified")
     return Report(name, verified, verdict, result.discrepancies, timings, stats, numeric_result,

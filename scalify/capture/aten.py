@@ -425,6 +425,8 @@ def _index(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Re
     moved = _index_by_aranges(b, source, indices, _out_shape(out))
     if moved is not None:
         return moved
+    if _one_per_row(b, source, indices):
+        return b.emit("take", [source, indices[-1]])
     return b.emit("index", [source, *tensors], _dtype_name(out.dtype), shape=_out_shape(out),
                   none_positions=tuple(i is None for i in indices))
 
@@ -443,6 +445,17 @@ def _arange_dim(b: GraphBuilder, ref: Ref) -> int | None:
     for dim in reversed(unsqueezed):  # replay the unsqueezes from the arange outward
         position += dim <= position
     return position if ref.shape[position] in (1, node.shape[0]) else None
+
+
+def _one_per_row(b: GraphBuilder, source: Ref, indices: list) -> bool:
+    """`source[arange_0, ..., ids]`: the leading indices count along the rows and `ids` picks one
+    position along the last dim of each row (a gather; `logits[arange(n), target]`). Ids are
+    taken to be in range, not negative: as for a gather, the `take` they become."""
+    rows = source.shape[:-1]
+    return (len(indices) == len(source.shape) > 1 and all(i is not None for i in indices)
+            and indices[-1].shape == rows and _arange_dim(b, indices[-1]) is None
+            and [_arange_dim(b, i) for i in indices[:-1]] == list(range(len(rows)))
+            and all(i.shape == rows for i in indices[:-1]))
 
 
 def _index_by_aranges(b: GraphBuilder, source: Ref, indices: list, shape: tuple[int, ...]) -> Ref | None:

@@ -3,6 +3,7 @@
 torch's reference decompositions bottom out in."""
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import torch
@@ -195,10 +196,12 @@ def _index_along(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any)
 @lowering("empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided",
           "empty_permuted")
 def _empty(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
-    """Uninitialised memory: opaque, so a value read before it is written is unknown."""
-    return b.emit("opaque", [], _dtype_name(out.dtype), shape=_out_shape(out),
-                  target=f"aten.{name}", output=0,
-                  reason="uninitialised memory, read before anything was written into it")
+    """Uninitialised memory: a draw of its own, so a value read before it is written equals
+    nothing (a block that a collective then discards, like a broadcast's non-root buffer,
+    does not matter)."""
+    dtype = _dtype_name(out.dtype)
+    return b.emit("uninitialized", [], dtype, shape=_out_shape(out), dtype=dtype,
+                  draw=uuid.uuid4().hex)
 
 
 @lowering("copy", "fill", "zero")

@@ -26,7 +26,6 @@ _SHAPES = [(4, 4), (2, 4, 4), (2, 2, 4, 4), (2, 2, 4, 4, 4), (4,)]
 _INT_LISTS = {"kernel_size": [2, 2], "stride": [1, 1], "padding": [0, 0], "dilation": [1, 1],
               "output_padding": [0, 0], "output_size": [2, 2], "pad": [1, 1], "padding_idx": -1}
 _SHAPE_QUERIES = {"sym_size", "sym_numel", "sym_stride", "sym_storage_offset"}
-_BUFFERS = {"aten.empty", "aten.empty_strided"}
 
 
 @dataclass
@@ -116,8 +115,7 @@ def _probe(func: Any, args: list, kwargs: dict) -> tuple[str | None, str]:
         graph = capture(nn.Module(), lambda: _as_outputs(func(*args, **kwargs)), tensors)
     except ScalifyError as error:
         return str(error), ""
-    opaque = [node for node in graph if node.op == "opaque"
-              and node.attr("target") not in _BUFFERS]  # allocations: opaque until written
+    opaque = [node for node in graph if node.op == "opaque"]
     if opaque:
         return f"{opaque[0].attr('target')}: {opaque[0].attr('reason')}", ""
     special = sorted({node.op for node in graph

@@ -44,7 +44,7 @@ def unqualified(name: str) -> tuple[int, str]:
 def merge_ranks(graphs: list[Graph]) -> DistributedGraph:
     """Match each rank's k-th collective on a group with the other members' k-th, link each recv
     to its peer's send, and merge."""
-    partners = _match_collectives(graphs)
+    partners = match_collectives(graphs)
     sent = link_point_to_point(graphs)
 
     def source(rank: int, name: str) -> str:
@@ -106,7 +106,7 @@ def link_point_to_point(graphs: list[Graph]) -> dict[str, str]:
     return links
 
 
-def _match_collectives(graphs: list[Graph]) -> dict[str, tuple[list[tuple[int, str]], int, tuple]]:
+def match_collectives(graphs: list[Graph]) -> dict[str, tuple[list[tuple[int, str]], int, tuple]]:
     """Each collective's members (rank, input) in group order (an all_reduce's in rank order), its
     position in the group, and the attributes it needs from its members (an all_to_all: every
     member's `in_splits`)."""

@@ -338,6 +338,9 @@ for _op in [
           lambda xs, a: torch.randn(a["shape"], dtype=_dtype(a["dtype"]))),
     OpDef("randperm", RANDOM, _attr_shape,
           lambda xs, a: torch.randperm(a["shape"][0], dtype=_dtype(a["dtype"]))),
+    # Uninitialised memory (`torch.empty`): any value, drawn here as small random integers.
+    OpDef("uninitialized", RANDOM, _attr_shape,
+          lambda xs, a: torch.randint(-8, 8, a["shape"]).to(_dtype(a["dtype"]))),
     # An op with no lowering (`target` names it): only its output's shape and dtype are known.
     OpDef("opaque", OPAQUE, _attr_shape, _opaque),
     OpDef("all_reduce", COLLECTIVE, _same, _collective),

@@ -18,7 +18,7 @@ from fractions import Fraction
 import torch
 
 from ..errors import ScalifyError
-from .distributed import (_match_collectives, constant_values, link_point_to_point, qualified,
+from .distributed import (constant_values, link_point_to_point, match_collectives, qualified,
                           unqualified)
 from .graph import Graph, Node, SourceLoc
 
@@ -244,7 +244,7 @@ def _disagreeing(graphs: list[Graph], factors: list[dict[str, Fraction]]) -> set
     """The collectives (rank, name) whose members' inputs bring different factors (all of them
     when the collectives do not match up: merging the ranks reports that)."""
     try:
-        partners = _match_collectives(graphs)
+        partners = match_collectives(graphs)
     except ScalifyError:
         return {(rank, node.name) for rank, graph in enumerate(graphs) for node in graph
                 if node.op in ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")}

@@ -108,9 +108,10 @@ MOVEMENT_OPS = (
 )
 
 
-def _psum_rule(op: str, attrs: str, shape: tuple[int, ...], **extra) -> Rule:
-    return Rule(f"{op}-over-psum", f"({op} (psum a b) {attrs})",
-                f"(psum ({op} a {attrs}) ({op} b {attrs}))",
+def _psum_rule(op: str, attrs: str, shape: tuple[int, ...], combine: str, **extra) -> Rule:
+    """Data movement of a sum (or max) over two ranks' parts is that of the moved parts."""
+    return Rule(f"{op}-over-{combine}", f"({op} ({combine} a b) {attrs})",
+                f"({combine} ({op} a {attrs}) ({op} b {attrs}))",
                 lambda gen, c: {"a": tensor(gen, *shape), "b": tensor(gen, *shape), **extra})
 
 
@@ -264,9 +265,10 @@ def rules() -> list[Rule]:
              lambda gen, c: {"x": tensor(gen, 4, 6), "d": 1, "e": 0}, when=("(<= e d)",)),
         *_slice_rules(),
         *_reshape_rules(),
-        *(_psum_rule(op, attrs, shape, **example) for op, attrs, shape, example in MOVEMENT_OPS),
-        *(_psum_inward(op, attrs, shape, **example) for op, attrs, shape, example in MOVEMENT_OPS
-          if op in SHAPE_DETERMINING),
+        *(_psum_rule(op, attrs, shape, combine, **example) for op, attrs, shape, example
+          in MOVEMENT_OPS for combine in ("psum", "pmax")),
+        *(_psum_inward(op, attrs, shape, combine, **example) for op, attrs, shape, example
+          in MOVEMENT_OPS if op in SHAPE_DETERMINING for combine in ("psum", "pmax")),
     ]
 
 
@@ -275,10 +277,10 @@ def rules() -> list[Rule]:
 SHAPE_DETERMINING = ("merge", "split", "unsqueeze", "squeeze", "transpose")
 
 
-def _psum_inward(op: str, attrs: str, shape: tuple[int, ...], **extra) -> Rule:
-    """A sum over ranks of moved parts is the moved sum (an all_reduce after a view)."""
-    return Rule(f"psum-of-{op}s", f"(psum ({op} a {attrs}) ({op} b {attrs}))",
-                f"({op} (psum a b) {attrs})",
+def _psum_inward(op: str, attrs: str, shape: tuple[int, ...], combine: str, **extra) -> Rule:
+    """A sum (or max) over ranks of moved parts is the moved sum (an all_reduce after a view)."""
+    return Rule(f"{combine}-of-{op}s", f"({combine} ({op} a {attrs}) ({op} b {attrs}))",
+                f"({op} ({combine} a b) {attrs})",
                 lambda gen, c: {"a": tensor(gen, *shape), "b": tensor(gen, *shape), **extra})
 
 
@@ -399,4 +401,11 @@ FACT_RULES = (
     *(f"(rule ((= t ({term})) (= n (ndim x))) ((set (ndim t) (+ n {step}))) :ruleset lemmas)"
       for term, step in (("unsqueeze x d", 1), ("split x d i", 1), ("squeeze x d", -1),
                          ("merge x d i", -1))),
+    # values every rank holds alike: a rank concatenation (an all_gather's result), and data
+    # moved out of such values (a broadcast's block of a gathered stack of replicated inputs)
+    "(rule ((= t (rcat x d s))) ((inv t)) :ruleset lemmas)",
+    "(rule ((= t (concat x y d a b)) (inv x) (inv y)) ((inv t)) :ruleset lemmas)",
+    *(f"(rule ((= t ({term})) (inv x)) ((inv t)) :ruleset lemmas)"
+      for term in ("slice x d s e", "transpose x d e", "expand x d s", "unsqueeze x d",
+                   "squeeze x d", "split x d i", "merge x d i")),
 )

@@ -202,8 +202,9 @@ def _movement() -> list[Rule]:
     four = (4, 6, 2, 3)
     unit = (4, 6, 1, 3)
 
-    def summed(op: str, attrs: str, shape: tuple[int, ...], **extra) -> Rule:
-        return Rule(f"{op}-over-rsum", f"({op} (rsum x) {attrs})", f"(rsum ({op} x {attrs}))",
+    def summed(op: str, attrs: str, shape: tuple[int, ...], combine: str, **extra) -> Rule:
+        return Rule(f"{op}-over-{combine}", f"({op} ({combine} x) {attrs})",
+                    f"({combine} ({op} x {attrs}))",
                     lambda gen, c: {"x": family(gen, *shape), **extra})
 
     def interchange(gen, choice):
@@ -263,10 +264,12 @@ def _movement() -> list[Rule]:
         # summed over the ranks, the blocks side by side.
         Rule("rank-blocks-in-zeros", "(rcat x d s)", "(rsum (rpad x d s))",
              lambda gen, c: {"x": family(gen, 2, 3), "d": 1, "s": 3}, trigger="(rpad x d s)"),
-        *(summed(op, attrs, shape, **example) for op, attrs, shape, example in MOVEMENT_OPS),
-        *(Rule(f"rsum-of-{op}", f"(rsum ({op} x {attrs}))", f"({op} (rsum x) {attrs})",
+        *(summed(op, attrs, shape, combine, **example) for op, attrs, shape, example
+          in MOVEMENT_OPS for combine in ("rsum", "rmax")),
+        *(Rule(f"{combine}-of-{op}", f"({combine} ({op} x {attrs}))", f"({op} ({combine} x) {attrs})",
                lambda gen, c, shape=shape, example=example: {"x": family(gen, *shape), **example})
-          for op, attrs, shape, example in MOVEMENT_OPS if op in SHAPE_DETERMINING),
+          for op, attrs, shape, example in MOVEMENT_OPS if op in SHAPE_DETERMINING
+          for combine in ("rsum", "rmax")),
     ]
 
 

@@ -26,9 +26,30 @@ def _psum_pieces(gen, choice):
             "y": tensor(gen, 3, 3, 5), "d": 1, "na": 1, "nb": 3}
 
 
+def _transposed(k: int):
+    return lambda gen, choice: {"x": tensor(gen, *SHAPE), "d": 0, "e": 2, "k": k, **choice}
+
+
+def _over_transpose(head: str, families: dict) -> list[Rule]:
+    """A reduction (or normalisation) of a transpose is the transpose of the reduction along
+    the dim the transpose moved there (Megatron's [s, b, h] against a reference's [b, s, h])."""
+    op = "reduce" if head == "reduce" else "softmax"
+    return [
+        Rule(f"{head}-over-transpose-other-dim", f"({op} f (transpose x d e) k)",
+             f"(transpose ({op} f x k) d e)", _transposed(1), when=("(!= k d)", "(!= k e)"),
+             families=families),
+        Rule(f"{head}-over-transpose-first-dim", f"({op} f (transpose x d e) d)",
+             f"(transpose ({op} f x e) d e)", _transposed(0), families=families),
+        Rule(f"{head}-over-transpose-second-dim", f"({op} f (transpose x d e) e)",
+             f"(transpose ({op} f x d) d e)", _transposed(2), families=families),
+    ]
+
+
 def rules() -> list[Rule]:
     unsqueezed = lambda gen, c: {"x": tensor(gen, 3, 5), "d": 0, "k": 2, **c}
     return [
+        *_over_transpose("reduce", {"f": REDUCTIONS}),
+        *_over_transpose("normalize", {"f": NORMALIZATIONS}),
         Rule("reduce-over-unsqueeze", "(reduce f (unsqueeze x d) k)",
              "(unsqueeze (reduce f x (- k 1)) d)", unsqueezed, when=("(> k d)",),
              families={"f": REDUCTIONS}),

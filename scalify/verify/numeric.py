@@ -6,10 +6,11 @@ placements, are compared with the reference outputs.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
+from ..ir.assumptions import ValueRange
 from ..ir.distributed import DistributedGraph
 from ..ir.graph import Graph, Node
 from ..ir.ops import OPS
@@ -53,11 +54,12 @@ def run_graph(graph: Graph, env: dict[str, torch.Tensor]) -> dict[str, torch.Ten
     return values
 
 
-def random_inputs(graph: Graph, seed: int = 0) -> dict[str, torch.Tensor]:
+def random_inputs(graph: Graph, seed: int = 0,
+                  assumed: Mapping[str, ValueRange] | None = None) -> dict[str, torch.Tensor]:
     """Float placeholders ~ N(0, 0.5); integer ids spread evenly below every table they index
     (so vocab shard boundaries are hit); `labels` random targets below the largest table with
     some ignored (-100, unevenly placed, so token-weighted and per-batch means differ); other
-    integer inputs (masks) are ones."""
+    integer inputs (masks) are ones. Inputs with an `assumed` range are clamped into it."""
     gen = torch.Generator().manual_seed(seed)
     limits: dict[str, int] = {}
     for node in graph:
@@ -78,6 +80,9 @@ def random_inputs(graph: Graph, seed: int = 0) -> dict[str, torch.Tensor]:
             values[node.name] = _labels(node.shape, max(limits.values(), default=2), gen)
         else:
             values[node.name] = torch.ones(node.shape, dtype=getattr(torch, node.dtype))
+        bounds = (assumed or {}).get(node.attr("target"))
+        if bounds is not None:
+            values[node.name] = values[node.name].clamp(bounds.low, bounds.high)
     return values
 
 
@@ -126,14 +131,15 @@ def _assemble(outputs: list[torch.Tensor], placement: Placement) -> list[torch.T
 
 
 def cross_check(ref: Graph, dist: DistributedGraph, placements: dict[str, Placement],
-                output_placements: list[Placement], seed: int = 0) -> dict[str, Any]:
+                output_placements: list[Placement], seed: int = 0,
+                assumed: Mapping[str, ValueRange] | None = None) -> dict[str, Any]:
     """Max relative error between the reference outputs and the assembled rank outputs (not
     run, `agrees` None, when a graph holds an op with no lowering)."""
     unlowered = opaque_targets(ref, dist.graph)
     if unlowered:
         return {"max_relative_error": None, "agrees": None, "seed": seed,
                 "skipped": f"not runnable: no lowering for {', '.join(unlowered)}"}
-    ref_env = random_inputs(ref, seed)
+    ref_env = random_inputs(ref, seed, assumed)
     ref_values = run_graph(ref, ref_env)
     dist_env = held_values(placements, ref_env,
                            {n.name: n.shape for n in dist.graph.placeholders()})

@@ -25,6 +25,8 @@ def unknown_reason(graph: Graph, node: Node) -> str:
         if found.intersection(other.inputs):
             found.add(other.name)
     what = (f"{node.attr('target')} at {node.source}: {node.attr('reason')}" if node.op == "opaque"
+            else f"torch.empty at {node.source}: uninitialised memory, read before anything was "
+                 "written into it" if node.op == "uninitialized"
             else f"aten.{node.op} at {node.source}: a random draw, which no draw of the ranks "
                  "is known to equal")
     return f"{what}; the {len(found) - 1} op(s) depending on it are unknown"

@@ -44,6 +44,7 @@ CASES = {
     "_safe_softmax": lambda x: torch.ops.aten._safe_softmax(x, -1),
     "clamp": lambda x: x.clamp(-0.5, 0.5),
     "where with a scalar": lambda x: torch.where(x > 0, x, 0.0),
+    "one pick per row by indexing": lambda x: x[torch.arange(4), torch.tensor([5, 0, 3, 1])],
 }
 
 
@@ -65,3 +66,16 @@ def test_an_op_without_any_lowering_is_kept_opaque():
     (node, *_) = [n for n in graph if n.op == "opaque"]
     assert node.attr("target") == "aten.linalg_qr" and node.shape == (4, 4)
     assert node.source.file == __file__
+
+
+def test_one_pick_per_row_by_indexing_is_a_take():
+    x = torch.empty(4, 6, device="meta")
+    ids = torch.empty(4, dtype=torch.long, device="meta")
+    graph = capture(nn.Module(), lambda: x[torch.arange(4), ids], {"x": x, "ids": ids})
+    assert [n.op for n in graph if n.op in ("take", "index")] == ["take"]
+
+
+def test_uninitialised_memory_read_is_a_draw_of_its_own():
+    x = torch.empty(4, device="meta")
+    graph = capture(nn.Module(), lambda: torch.empty(4, device="meta") + x, {"x": x})
+    assert [n.op for n in graph if n.op not in ("placeholder", "add")] == ["uninitialized"]

@@ -52,6 +52,12 @@ class Case:
     def attr(self, name: str, default: Any = None) -> Any:
         return getattr(self.module, name, default)
 
+    def example_ranges(self) -> dict[str, tuple[int, int]]:
+        """Each integer input's range in the case's example (the values its author checked):
+        what the harness lets Scalify assume of that input."""
+        return {name: (int(value.min()), int(value.max())) for name, value in self.module.inputs().items()
+                if not value.is_floating_point() and value.dtype != torch.bool and value.numel()}
+
     def local_state(self, state: dict[str, torch.Tensor], rank: int) -> dict[str, torch.Tensor]:
         """Rank `rank`'s state dict from the reference's: the case's `shard`, or its
         `PARAM_PLACEMENTS` (chunks of sharded tensors, the rest whole)."""

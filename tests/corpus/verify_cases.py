@@ -61,6 +61,7 @@ def run(case: Case) -> Outcome:
     module = case.module
     start = time.perf_counter()
     verdict, localized, detail = "crash", False, ""
+    assumed = case.example_ranges()
     try:
         report = scalify.verify_modules(
             reference=module.reference(), rank_module_factory=lambda rank: module.rank_module(
@@ -69,7 +70,7 @@ def run(case: Case) -> Outcome:
             param_placements=case.attr("PARAM_PLACEMENTS"), shard_fn=case.attr("shard"),
             input_placements=case.attr("INPUT_PLACEMENTS", {}),
             output_placements=list(module.OUTPUT_PLACEMENTS), numeric=True,
-            grad=case.step == "training", name=case.name,
+            grad=case.step == "training", name=case.name, assume=assumed,
             options=VerifyOptions(limits=WindowLimits(seconds=WINDOW_SECONDS)))
         verdict = report.verdict
         if report.discrepancies:
@@ -80,7 +81,8 @@ def run(case: Case) -> Outcome:
         elif report.unknown:
             detail = report.unknown[0]
         else:  # verified: the programs as written, or with their scalar factors moved
-            detail = f"scalar factors {report.stats['scalar_factors']}"
+            detail = f"scalar factors {report.stats['scalar_factors']}" + "".join(
+                f"; assuming {name} in {bounds}" for name, bounds in report.stats["assumed"].items())
     except ScalifyError as error:
         verdict, detail = "refused", str(error).splitlines()[0]
     except Exception as error:  # a crash is what the corpus exists to find

@@ -1,0 +1,70 @@
+"""Assumed input ranges decide equality tests before the proof, and only where they may."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from scalify.capture.tracer import capture
+from scalify.ir.assumptions import ValueRange, assuming, value_ranges
+from scalify.ir.graph import Graph, Node
+from scalify.verify.numeric import run_graph
+
+ROWS, CLASSES = 6, 5
+
+
+class Loss(nn.Module):
+    def forward(self, logits, labels):
+        return F.cross_entropy(logits, labels)
+
+
+def _loss_graph() -> Graph:
+    inputs = {"logits": torch.randn(ROWS, CLASSES), "labels": torch.randint(0, CLASSES, (ROWS,))}
+    module = Loss()
+    return capture(module, lambda: module(**inputs), inputs)
+
+
+def test_the_ignore_index_drops_out_and_the_numbers_stay() -> None:
+    graph = _loss_graph()
+    [assumed] = assuming([graph], {"labels": ValueRange(0, CLASSES - 1)})
+    assert {"eq_scalar", "ne_scalar", "masked_fill"}.isdisjoint(n.op for n in assumed)
+    for seed in range(3):
+        generator = torch.Generator().manual_seed(seed)
+        env = {"logits": torch.randn(ROWS, CLASSES, generator=generator, dtype=torch.float64),
+               "labels": torch.randint(0, CLASSES, (ROWS,), generator=generator)}
+        before = run_graph(graph, env)[graph.outputs[0]]
+        after = run_graph(assumed, env)[assumed.outputs[0]]
+        torch.testing.assert_close(before, after)
+
+
+def test_a_range_holding_the_ignore_index_decides_nothing() -> None:
+    graph = _loss_graph()
+    [same] = assuming([graph], {"labels": ValueRange(-100, CLASSES - 1)})
+    assert [n.op for n in same] == [n.op for n in graph]
+
+
+def _node(name: str, op: str, inputs: tuple[str, ...], size: tuple[int, ...], dtype: str = "int64",
+          **attrs) -> Node:
+    return Node(name, op, inputs, tuple(sorted(attrs.items())), size, dtype)
+
+
+def _broadcast_rank(root: bool) -> Graph:
+    """Rank 0 broadcasts its labels (a block of an all_gather); every rank tests them."""
+    graph = Graph()
+    graph.add(_node("labels", "placeholder", (), (4,), kind="input", target="labels", shape=(4,)))
+    graph.add(_node("zeros", "full", (), (4,), value=0, dtype="int64", shape=(4,)))
+    graph.add(_node("gathered", "all_gather", ("labels" if root else "zeros",), (8,), group=(0, 1),
+                    shape=(8,)))
+    graph.add(_node("root", "slice", ("gathered",), (4,), dim=0, start=0, end=4))
+    graph.add(_node("ignored", "eq_scalar", ("root",), (4,), "bool", value=-100))
+    graph.outputs = ["ignored"]
+    return graph
+
+
+def test_ranges_cross_a_gather_only_when_every_member_brings_one() -> None:
+    graphs = [_broadcast_rank(True), _broadcast_rank(True)]
+    ranges = value_ranges(graphs, {"labels": ValueRange(0, 9)})
+    assert ranges[1]["root"] == ValueRange(0, 9)
+    assert all(graph["ignored"].op == "full" for graph in assuming(graphs, {"labels": ValueRange(0, 9)}))
+    mixed = [_broadcast_rank(True), _broadcast_rank(False)]  # the other rank brings zeros
+    assert "gathered" not in value_ranges(mixed, {"labels": ValueRange(0, 9)})[0]

@@ -12,6 +12,7 @@ brings the same one; otherwise each member writes its factor down before the col
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
@@ -41,16 +42,25 @@ PRODUCT_OF_FACTORS: dict[str, tuple[int, ...]] = {"matmul": (0, 1), "mul": (0, 1
 
 @dataclass(frozen=True)
 class Scaled:
-    """A value as `core * factor`; `source` is the last op that scaled it."""
+    """A value as `core * factor`; `source` is the last op that scaled it. A concat of values
+    with different factors (a bucket of gradients) keeps each part's: `parts` are the parts'
+    sizes along dim `dim` and their factors (times `factor`), until a slice takes one part."""
 
     core: str
     factor: Fraction = ONE
     source: SourceLoc = SourceLoc()
+    parts: tuple[tuple[int, Fraction], ...] = ()
+    dim: int = 0
+
+    def key(self) -> tuple:
+        """What the members of a collective must agree on."""
+        return self.factor, self.parts, self.dim
 
 
 def _fraction(value: float) -> Fraction | None:
     """The exact factor a Python scalar stands for (the simplest fraction that rounds to it)."""
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or value == 0:
+    if (not isinstance(value, (int, float)) or isinstance(value, bool) or value == 0
+            or not math.isfinite(value)):
         return None
     exact = Fraction(value)
     simple = exact.limit_denominator(_DENOMINATOR_LIMIT)
@@ -74,26 +84,48 @@ class _Pusher:
     received: dict[str, Fraction] | None  # each recv's factor (None: sends write theirs down)
     out: Graph = field(default_factory=Graph)
     scaled: dict[str, Scaled] = field(default_factory=dict)
-    written: dict[tuple[str, Fraction, str], str] = field(default_factory=dict)
-    collective_factors: dict[str, Fraction] = field(default_factory=dict)  # by collective input
+    written: dict[tuple, str] = field(default_factory=dict)
+    collective_factors: dict[str, tuple] = field(default_factory=dict)  # Scaled.key by input
+    units: set[str] = field(default_factory=set)  # the ones that stand for uniform constants
 
     def __post_init__(self) -> None:
         self.constants = constant_values(self.graph)
         self.nodes = {node.name: node for node in self.graph}
 
     def scales(self, node: Node) -> bool:
-        """Whether the node scales a value by a factor (which the pass carries on)."""
+        """Whether the node scales a value by a factor (which the pass carries on), or reads a
+        constant of one value other than 0 and 1 (a factor the pass carries from there)."""
         return node.name not in self.constants and (
-            self._own_factor(node) is not None or self._uniform_operand(node) is not None)
+            self._own_factor(node) is not None or self._uniform_operand(node) is not None
+            or any(self._unit_factor(name) is not None for name in node.inputs))
 
     def run(self) -> Graph:
         for node in self.graph:
             if node.name in self.constants or node.op == "placeholder":
-                self.scaled[node.name] = Scaled(self.out.add(node).name)
+                self.out.add(node)
+                self.scaled[node.name] = self._constant(node)
             else:
                 self.scaled[node.name] = self._push(node)
         self.out.outputs = [self._written(name, "") for name in self.graph.outputs]
-        return self.out
+        return _without_unused(self.out, self.units)
+
+    def _unit_factor(self, name: str) -> Fraction | None:
+        """The value of a floating constant of one value other than 0 and 1, else None."""
+        value = _uniform(self.constants.get(name)) if self._floating(name) else None
+        return None if value in (None, ONE) else value
+
+    def _constant(self, node: Node) -> Scaled:
+        """A constant (or placeholder) as it is; one of a single value v (not 0 or 1) is also,
+        for the ops that read it, ones times v: a per-rank mean's 1/n that a gradient carries
+        from the loss."""
+        factor = self._unit_factor(node.name)
+        if factor is None:
+            return Scaled(node.name)
+        unit = Node(f"{node.name}.unit", "full", (), (("dtype", node.dtype), ("shape", node.shape),
+                                                        ("value", 1.0)), node.shape, node.dtype,
+                    node.source)
+        self.units.add(self.out.add(unit).name)
+        return Scaled(unit.name, factor, node.source)
 
     def _floating(self, name: str) -> bool:
         return self.nodes[name].dtype in FLOATS
@@ -104,13 +136,46 @@ class _Pusher:
         factor = self._own_factor(node)
         if factor is not None:
             inner = self.scaled[node.inputs[0]]
-            return Scaled(inner.core, inner.factor * factor, node.source)
+            return replace(inner, factor=inner.factor * factor, source=node.source)
         uniform = self._uniform_operand(node)
         if uniform is not None:
             index, factor = uniform
             inner = self.scaled[node.inputs[index]]
-            return Scaled(inner.core, inner.factor * factor, node.source)
-        return self._through(node)
+            return replace(inner, factor=inner.factor * factor, source=node.source)
+        parted = self._parted(node)
+        return parted if parted is not None else self._through(node)
+
+    def _parted(self, node: Node) -> Scaled | None:
+        """A bucket of parts with their own factors: made by a concat of values whose factors
+        differ, summed over ranks as it is, and a part taken back by a slice (None: the node
+        does none of this)."""
+        inner = self.scaled[node.inputs[0]] if node.inputs else None
+        if node.op == "concat" and node.dtype in FLOATS:
+            values = [self.scaled[name] for name in node.inputs]
+            dim = node.attr("dim") % len(node.shape)
+            if (len({value.factor for value in values}) < 2 and not any(v.parts for v in values)
+                    or any(value.parts and value.dim != dim for value in values)):
+                return None
+            self.out.add(replace(node, inputs=tuple(value.core for value in values)))
+            parts = tuple(part for name, value in zip(node.inputs, values) for part in (
+                [(size, value.factor * factor) for size, factor in value.parts] if value.parts
+                else [(self.nodes[name].shape[dim], value.factor)]))
+            return Scaled(node.name, ONE, values[-1].source, parts, dim)
+        if inner is None or not inner.parts:
+            return None
+        if (node.op == "all_reduce" and node.attr("reduce", "sum") == "sum"
+                and node.name not in self.blocked):
+            self.collective_factors[node.inputs[0]] = inner.key()
+            self.out.add(replace(node, inputs=(inner.core,)))
+            return replace(inner, core=node.name)
+        if node.op == "slice" and node.attr("dim") % len(node.shape) == inner.dim:
+            start = 0
+            for size, factor in inner.parts:
+                if start <= node.attr("start") and node.attr("end") <= start + size:
+                    self.out.add(replace(node, inputs=(inner.core,)))
+                    return Scaled(node.name, inner.factor * factor, inner.source)
+                start += size
+        return None
 
     def _own_factor(self, node: Node) -> Fraction | None:
         """The factor of a `mul_scalar`/`div_scalar` on floats (None for any other node)."""
@@ -154,48 +219,100 @@ class _Pusher:
         return SHARED_FACTOR.get(node.op, ()), False
 
     def _collective_inputs(self, node: Node) -> tuple[tuple[int, ...], bool]:
-        self.collective_factors[node.inputs[0]] = self.scaled[node.inputs[0]].factor
+        self.collective_factors[node.inputs[0]] = self.scaled[node.inputs[0]].key()
         return ((), False) if node.name in self.blocked else ((0,), False)
 
     def _through(self, node: Node) -> Scaled:
+        """The node on its inputs' cores, carrying their factor: the product of the factors of
+        the inputs it multiplies, or the factor the inputs it adds share. Where those differ
+        (`x - mean(x)`: f and f/n), the first one's is carried and the others are written as
+        their ratio to it (1/n), so a factor every term brings passes on. The parts of a concat
+        keep their own (a bucket of gradients is sliced apart again): each is written whole."""
         linear, multiply = self._linear_inputs(node)
-        if node.dtype not in FLOATS:
-            linear = ()
+        linear = () if node.dtype not in FLOATS else tuple(
+            i for i in linear if not self.scaled[node.inputs[i]].parts)
         varying = [i for i in linear if not self._is_zero(node.inputs[i])]
-        if not multiply and len({self.scaled[node.inputs[i]].factor for i in varying}) > 1:
-            linear = ()
-        inputs, factor, source = [], ONE, SourceLoc()
+        factors = {self.scaled[node.inputs[i]].factor for i in varying}
+        if node.op == "concat" and len(factors) > 1:
+            linear, varying = (), []
+        shared = ONE if multiply or not varying else self.scaled[node.inputs[varying[0]]].factor
+        inputs, factor, source = [], ONE if multiply else shared, SourceLoc()
         for index, name in enumerate(node.inputs):
             value = self.scaled[name]
             if index not in linear:
                 inputs.append(self._written(name, node.source.module))
-                continue
-            inputs.append(value.core)
-            if value.factor != ONE:  # (a shared factor is every varying input's factor)
-                factor, source = (factor * value.factor if multiply else value.factor), value.source
+            elif multiply or index not in varying:
+                inputs.append(value.core)
+                factor *= value.factor if multiply else ONE
+            else:
+                inputs.append(self._written(name, node.source.module, shared))
+            if index in linear and value.factor != ONE and not source.file:
+                source = value.source
         self.out.add(replace(node, inputs=tuple(inputs)))
         return Scaled(node.name, factor, source)
+
+    def _written_parts(self, value: Scaled, module: str) -> str:
+        """A bucket's value: each part sliced from its core, times its factor, joined again."""
+        key = (value.core, value.key(), module)
+        if key not in self.written:
+            core, start, pieces = self.out[value.core], 0, []
+            prefix = f"{value.core}.w{len(self.written)}"
+            for k, (size, factor) in enumerate(value.parts):
+                piece = self.out.add(_piece(f"{prefix}.{k}", core, value.dim, start, start + size))
+                factor *= value.factor
+                if factor != ONE:
+                    piece = self.out.add(Node(f"{prefix}.{k}x", "mul_scalar", (piece.name,),
+                                              (("value", float(factor)),), piece.shape,
+                                              piece.dtype, replace(value.source, module=module)))
+                pieces.append(piece.name)
+                start += size
+            self.written[key] = self.out.add(Node(prefix, "concat", tuple(pieces),
+                                                  (("dim", value.dim),), core.shape, core.dtype,
+                                                  core.source)).name
+        return self.written[key]
 
     def _is_zero(self, name: str) -> bool:
         """A constant whose elements are all zero: it takes any factor."""
         value = self.constants.get(name)
         return value is not None and not bool(value.any())
 
-    def _written(self, name: str, module: str) -> str:
-        """The node holding `name`'s value: its core, times its factor where that is not one.
-        The product is written at the line that last scaled the value, in the module that uses
-        it (`module`; "" for a program output), so that it falls in the user's region."""
+    def _written(self, name: str, module: str, carried: Fraction = ONE) -> str:
+        """The node holding `name`'s value over the factor `carried` on: its core, times its
+        factor divided by `carried` where that is not one. The product is written at the line
+        that last scaled the value, in the module that uses it (`module`; "" for a program
+        output), so that it falls in the user's region."""
         value = self.scaled[name]
-        if value.factor == ONE:
+        if value.parts:
+            return self._written_parts(value, module)
+        factor = value.factor / carried
+        if factor == ONE:
             return value.core
-        key = (value.core, value.factor, module)
+        key = (value.core, factor, module)
         if key not in self.written:
             core = self.out[value.core]
             node = Node(f"{value.core}.x{len(self.written)}", "mul_scalar", (value.core,),
-                        (("value", float(value.factor)),), core.shape, core.dtype,
+                        (("value", float(factor)),), core.shape, core.dtype,
                         replace(value.source, module=module))
             self.written[key] = self.out.add(node).name
         return self.written[key]
+
+
+def _piece(name: str, core: Node, dim: int, start: int, end: int) -> Node:
+    shape = core.shape[:dim] + (end - start,) + core.shape[dim + 1:]
+    return Node(name, "slice", (core.name,), (("dim", dim), ("end", end), ("start", start)), shape,
+                core.dtype, core.source)
+
+
+def _without_unused(graph: Graph, names: set[str]) -> Graph:
+    """The graph without those of `names` that no node reads and no output is."""
+    used = set(graph.outputs).union(*(node.inputs for node in graph))
+    if names <= used:
+        return graph
+    kept = Graph(outputs=list(graph.outputs))
+    for node in graph:
+        if node.name in used or node.name not in names:
+            kept.add(node)
+    return kept
 
 
 def scaling_nodes(graph: Graph) -> set[str]:
@@ -240,7 +357,7 @@ def _received(links: dict[str, str], pushers: list["_Pusher"], world: int
     return received
 
 
-def _disagreeing(graphs: list[Graph], factors: list[dict[str, Fraction]]) -> set[tuple[int, str]]:
+def _disagreeing(graphs: list[Graph], factors: list[dict[str, tuple]]) -> set[tuple[int, str]]:
     """The collectives (rank, name) whose members' inputs bring different factors (all of them
     when the collectives do not match up: merging the ranks reports that)."""
     try:
@@ -252,6 +369,6 @@ def _disagreeing(graphs: list[Graph], factors: list[dict[str, Fraction]]) -> set
     for rank, graph in enumerate(graphs):
         for node in graph:
             members = partners.get(qualified(rank, node.name))
-            if members and len({factors[m].get(i, ONE) for m, i in members[0]}) > 1:
+            if members and len({factors[m].get(i, Scaled("").key()) for m, i in members[0]}) > 1:
                 disagreeing.add((rank, node.name))
     return disagreeing

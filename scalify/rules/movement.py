@@ -259,6 +259,18 @@ def rules() -> list[Rule]:
         Rule("expand-order", "(expand (expand x d n) e m)", "(expand (expand x e m) d n)",
              lambda gen, c: {"x": tensor(gen, 1, 1, 3), "d": 0, "n": 2, "e": 1, "m": 4},
              when=("(!= d e)",)),
+        # A broadcast of a transpose is the transpose of the broadcast along the dim the
+        # transpose moved there (a norm's mean broadcast over Megatron's [s, b, h]).
+        Rule("expand-over-transpose-other-dim", "(expand (transpose x d e) k n)",
+             "(transpose (expand x k n) d e)",
+             lambda gen, c: {"x": tensor(gen, 4, 3, 1), "d": 0, "e": 1, "k": 2, "n": 5},
+             when=("(!= k d)", "(!= k e)")),
+        Rule("expand-over-transpose-first-dim", "(expand (transpose x d e) d n)",
+             "(transpose (expand x e n) d e)",
+             lambda gen, c: {"x": tensor(gen, 4, 1, 3), "d": 0, "e": 1, "n": 5}),
+        Rule("expand-over-transpose-second-dim", "(expand (transpose x d e) e n)",
+             "(transpose (expand x d n) d e)",
+             lambda gen, c: {"x": tensor(gen, 1, 4, 3), "d": 0, "e": 1, "n": 5}),
         Rule("expand-to-one", "(expand x d 1)", "x",
              lambda gen, c: {"x": tensor(gen, 4, 1, 3), "d": 1}),
         Rule("unsqueeze-order", "(unsqueeze (unsqueeze x d) e)", "(unsqueeze (unsqueeze x e) (+ d 1))",

@@ -132,6 +132,10 @@ def _row_wise() -> list[Rule]:
              rows, when=("(< d k)",)),
         Rule("untake-over-rcats", "(untake (rcat g d s) (rcat t d s) v k)",
              "(rcat (untake g t v k) d s)", rows, when=("(< d k)",)),
+        Rule("untake-over-broadcast-and-rcat", "(untake (expand z d n) (rcat t d s) v k)",
+             "(rcat (untake (expand z d s) t v k) d s)",
+             lambda gen, c: {**rows(gen, c), "z": tensor(gen, 1, 3), "n": 2 * WORLD},
+             when=("(inv z)", "(< d k)")),
     ]
 
 

@@ -115,6 +115,12 @@ def rules() -> list[Rule]:
         Rule("untake-over-concats", "(untake (concat g1 g2 d na nb) (concat t1 t2 d na nb) v k)",
              "(concat (untake g1 t1 v k) (untake g2 t2 v k) d na nb)",
              lambda gen, c: {**_tokens(gen, c), "k": 2}, when=("(< d k)",)),
+        # The same gradient for every row (a mean's 1/n) put at each row's target.
+        Rule("untake-over-broadcast-and-concat",
+             "(untake (expand z d n) (concat t1 t2 d na nb) v k)",
+             "(concat (untake (expand z d na) t1 v k) (untake (expand z d nb) t2 v k) d na nb)",
+             lambda gen, c: {**_tokens(gen, c), "z": tensor(gen, 1, 3), "n": 3, "k": 2},
+             when=("(< d k)",)),
         Rule("embedding-grad-over-concat-tokens",
              "(embedding_grad (concat a b d na nb) (concat t1 t2 d na nb) v)",
              '(binary "add" (embedding_grad a t1 v) (embedding_grad b t2 v))', _grads),

@@ -125,13 +125,14 @@ def _run_and_send(path: Path, send: Any) -> None:
 
 
 def table(outcomes: list[Outcome]) -> str:
-    """Per style and step: verified/correct, caught/bugs, localized/bugs, crashes, unknowns."""
+    """Per style and step: verified/correct, caught/bugs, localized/bugs, refusals (a one-line
+    Scalify error), crashes, unknowns."""
     rows: dict[tuple[str, str], list[Outcome]] = defaultdict(list)
     for outcome in outcomes:
         rows[(outcome.style, outcome.step)].append(outcome)
         rows[("all", "")].append(outcome)
-    lines = ["| style | step | verified / correct | caught / bugs | localized / bugs | crashes "
-             "| unknown |", "|---|---|---|---|---|---|---|"]
+    lines = ["| style | step | verified / correct | caught / bugs | localized / bugs | refused "
+             "| crashes | unknown |", "|---|---|---|---|---|---|---|---|"]
     for (style, step), group in sorted(rows.items(), key=lambda item: item[0][0] == "all"):
         correct = [o for o in group if not o.buggy]
         bugs = [o for o in group if o.buggy]
@@ -139,7 +140,8 @@ def table(outcomes: list[Outcome]) -> str:
         lines.append(
             f"| {style} | {step} | {sum(o.verdict == 'verified' for o in correct)} / {len(correct)} "
             f"| {len(caught)} / {len(bugs)} | {sum(o.localized for o in caught)} / {len(bugs)} "
-            f"| {sum(o.verdict in ('crash', 'refused') for o in group)} "
+            f"| {sum(o.verdict == 'refused' for o in group)} "
+            f"| {sum(o.verdict == 'crash' for o in group)} "
             f"| {sum(o.verdict == 'unknown' for o in group)} |")
     return "\n".join(lines)
 

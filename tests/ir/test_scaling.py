@@ -79,6 +79,53 @@ def test_a_product_with_a_uniform_constant_is_a_factor() -> None:
     assert scaled.attr("value") == float(torch.tensor(1 / 3, dtype=torch.float32).item())
 
 
+def test_a_sum_of_terms_scaled_apart_carries_the_first_ones_factor() -> None:
+    """`x/8 - mean(x/8)`: the 1/8 passes on, the mean's own 1/4 is written as its ratio."""
+    b = GraphBuilder()
+    x = b.emit_placeholder("x", "input", (2, 4), "float32")
+    scaled = b.emit("mul_scalar", [x], value=0.125)
+    mean = b.emit("mul_scalar", [b.emit("expand", [b.emit("sum", [scaled], dim=1)], dim=1, size=4)],
+                  value=0.25)
+    b.graph.outputs = [b.emit("sub", [scaled, mean]).name]
+    graph = pushed_scales([b.graph])[0]
+    out = _output(graph)
+    assert (out.op, out.attr("value")) == ("mul_scalar", 0.125)
+    difference = graph[out.inputs[0]]
+    assert difference.op == "sub" and graph[difference.inputs[1]].attr("value") == 0.25
+
+
+def _bucket(world: int) -> Graph:
+    """Two gradients scaled apart, flattened into one bucket, summed over ranks, split back."""
+    b = GraphBuilder()
+    weight = b.emit("mul_scalar", [b.emit_placeholder("w", "input", (4,), "float32")], value=0.5)
+    bias = b.emit("mul_scalar", [b.emit_placeholder("b", "input", (2,), "float32")], value=0.25)
+    summed = b.emit("all_reduce", [b.concat([weight, bias], 0)], reduce="sum",
+                    group=tuple(range(world)))
+    b.graph.outputs = [b.emit("slice", [summed], dim=0, start=0, end=4).name,
+                       b.emit("slice", [summed], dim=0, start=4, end=6).name]
+    return b.graph
+
+
+def test_each_part_of_a_bucket_keeps_its_factor() -> None:
+    for graph in pushed_scales([_bucket(2), _bucket(2)]):
+        factors = [graph[name].attr("value") for name in graph.outputs]
+        assert factors == [0.5, 0.25]
+        bucket = next(node for node in graph if node.op == "concat")
+        assert bucket.inputs == ("w", "b")  # (no factor inside the bucket)
+
+
+def test_a_uniform_constant_is_ones_times_its_value() -> None:
+    b = GraphBuilder()
+    x = b.emit_placeholder("x", "input", (2, 3), "float32")
+    half = b.emit("full", [], shape=(2, 3), value=0.5, dtype="float32")
+    b.graph.outputs = [b.emit("add", [b.emit("mul_scalar", [x], value=0.5), half]).name]
+    graph = pushed_scales([b.graph])[0]
+    out = _output(graph)
+    assert (out.op, out.attr("value")) == ("mul_scalar", 0.5)
+    total = graph[out.inputs[0]]
+    assert total.inputs[0] == "x" and graph[total.inputs[1]].attr("value") == 1.0
+
+
 def test_integer_values_keep_their_scalars() -> None:
     b = GraphBuilder()
     ids = b.emit_placeholder("ids", "input", (4,), "int64")

@@ -55,8 +55,7 @@ def _reference(case: Case) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
         for parameter in model.parameters():
             if parameter.is_floating_point():
                 parameter.add_(0.1 * torch.randn_like(parameter))
-    torch.manual_seed(SEED + 1)
-    return model, case.module.inputs()
+    return model, case.example_inputs()
 
 
 def _outputs(value: object) -> list[torch.Tensor]:

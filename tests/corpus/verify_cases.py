@@ -66,7 +66,7 @@ def run(case: Case) -> Outcome:
         report = scalify.verify_modules(
             reference=module.reference(), rank_module_factory=lambda rank: module.rank_module(
                 rank, case.world_size),
-            world_size=case.world_size, example_inputs=module.inputs(),
+            world_size=case.world_size, example_inputs=case.example_inputs(),
             param_placements=case.attr("PARAM_PLACEMENTS"), shard_fn=case.attr("shard"),
             input_placements=case.attr("INPUT_PLACEMENTS", {}),
             output_placements=list(module.OUTPUT_PLACEMENTS), numeric=True,

@@ -195,7 +195,8 @@ def verify_graphs(ref_graph: Graph, rank_graphs: list[Graph], placements: dict[s
              "largest_egraph_nodes": result.largest_egraph,
              "blocked_ops": result.blocked, "rank_symmetry": attempt.symmetry,
              "scalar_factors": "moved" if attempt.moved else "as written",
-             "assumed": {name: str(bounds) for name, bounds in assumed.items()}, **engine_stats}
+             **({"assumed": {name: str(bounds) for name, bounds in assumed.items()}} if assumed
+                else {}), **engine_stats}
     verdict = ("discrepancy" if result.discrepancies else "unknown" if result.unknown
                else "verified")
     return Report(name, verified, verdict, result.discrepancies, timings, stats, numeric_result,

@@ -81,8 +81,9 @@ def run(case: Case) -> Outcome:
         elif report.unknown:
             detail = report.unknown[0]
         else:  # verified: the programs as written, or with their scalar factors moved
+            stated = report.stats.get("assumed", {})
             detail = f"scalar factors {report.stats['scalar_factors']}" + "".join(
-                f"; assuming {name} in {bounds}" for name, bounds in report.stats["assumed"].items())
+                f"; assuming {name} in {bounds}" for name, bounds in stated.items())
     except ScalifyError as error:
         verdict, detail = "refused", str(error).splitlines()[0]
     except Exception as error:  # a crash is what the corpus exists to find

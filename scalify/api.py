@@ -163,7 +163,8 @@ def verify_graphs(ref_graph: Graph, rank_graphs: list[Graph], placements: dict[s
     ref_graph = without_double_transposes(assuming([ref_graph], assumed)[0])
     rank_graphs = [without_double_transposes(graph) for graph in assuming(rank_graphs, assumed)]
     options = options or VerifyOptions()
-    attempt = _Attempt.of(ref_graph, rank_graphs, placements, options, numeric)
+    # (the numbers run on the programs as written: merged here only when nothing was assumed)
+    attempt = _Attempt.of(ref_graph, rank_graphs, placements, options, numeric and not assumed)
     timings["lowering_s"] = time.perf_counter() - start
     start = time.perf_counter()
     executor = executor or InlineExecutor()
@@ -183,7 +184,8 @@ def verify_graphs(ref_graph: Graph, rank_graphs: list[Graph], placements: dict[s
     numeric_result = None
     if numeric:  # the programs as written, on inputs within the assumed ranges
         start = time.perf_counter()
-        dist = attempt.dist if attempt.dist is not None and not assumed else merge_ranks(written_ranks)
+        dist = attempt.dist if attempt.dist is not None and not assumed else merge_ranks(
+            written_ranks)
         numeric_result = cross_check(written_ref, dist, placements, outputs, assumed=assumed)
         timings["numeric_s"] = time.perf_counter() - start
     timings["total_s"] = sum(timings.values())

@@ -16,6 +16,7 @@ from typing import Mapping
 
 import torch
 
+from ..errors import ScalifyError
 from .distributed import constant_values, match_collectives, qualified
 from .graph import Graph, Node
 
@@ -36,7 +37,7 @@ class ValueRange:
 
     def __post_init__(self) -> None:
         if self.low > self.high:
-            raise ValueError(f"an assumed range needs low <= high, got [{self.low}, {self.high}]")
+            raise ScalifyError(f"an assumed range needs low <= high, got [{self.low}, {self.high}]")
 
     def union(self, other: "ValueRange") -> "ValueRange":
         return ValueRange(min(self.low, other.low), max(self.high, other.high))
@@ -102,6 +103,13 @@ def assuming(graphs: list[Graph], assumed: Mapping[str, ValueRange]) -> list[Gra
     ranks, or the reference alone)."""
     if not assumed:
         return graphs
+    inputs = {node.attr("target"): node for node in graphs[0].placeholders()
+              if node.attr("kind") == "input"}
+    for name in assumed:
+        if name not in inputs or not _integral(inputs[name].dtype):
+            what = f"a {inputs[name].dtype} input" if name in inputs else "not an input"
+            raise ScalifyError(f"assume.{name}: a range is assumed of integer inputs; {name} is "
+                               f"{what} (inputs: {', '.join(sorted(inputs))})")
     return [_simplified(graph, _decided(graph, known))
             for graph, known in zip(graphs, value_ranges(graphs, assumed))]
 

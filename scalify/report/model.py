@@ -21,6 +21,7 @@ class Discrepancy:
     hint: str
     inputs: list[str] = field(default_factory=list)
     nearby: list[SourceLoc] = field(default_factory=list)
+    path: list[SourceLoc] = field(default_factory=list)  # rank ops back to values proven equal
     placements: list[str] = field(default_factory=list)  # sharded parameters feeding the op
 
     @property
@@ -30,7 +31,7 @@ class Discrepancy:
     def lines(self) -> set[tuple[str, int]]:
         """Every distributed source line the discrepancy names, with the lines that called them."""
         named = set()
-        for loc in [self.dist_source, *self.nearby]:
+        for loc in [self.dist_source, *self.path, *self.nearby]:
             named.add((loc.file, loc.line))
             for caller in loc.callers:
                 file, _, line = caller.rpartition(":")

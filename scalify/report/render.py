@@ -43,6 +43,8 @@ def print_summary(report: Report, console: Console) -> None:
         console.print(f"  found: {d.found[:300]}")
         console.print(f"  expected: {d.expected}")
         console.print(f"  hint: {d.hint}")
+        for loc in d.path:
+            console.print(f"  rank op it depends on: {loc}  {loc.code}")
         for placement in d.placements:
             console.print(f"  placement: {placement}")
 
@@ -83,6 +85,9 @@ def _discrepancy_html(number: int, d: Discrepancy) -> str:
     relation = _table({"Found": d.found, "Expected": d.expected}, "relation")
     nearby = "".join(_source_html(loc, "nearby") for loc in d.nearby)
     nearby_html = f"<h4>Rank nodes nearby</h4>{nearby}" if nearby else ""
+    path = "".join(_source_html(loc, "path") for loc in d.path)
+    path_html = (f"<h4>Rank ops it depends on, back to values proven equal</h4>{path}"
+                 if path else "")
     return (f"<section class='discrepancy'><h3>Discrepancy {number}: reference "
             f"<code>{escape(d.ref_op)}</code> ({escape(d.ref_node)}) in "
             f"<code>{escape(d.module or 'top')}</code></h3>"
@@ -90,7 +95,7 @@ def _discrepancy_html(number: int, d: Discrepancy) -> str:
             f"<h4>Distributed source</h4>{_source_html(d.dist_source, 'distributed')}"
             f"{relation}<p class='hint'><b>Hint</b>: {escape(d.hint)}</p>"
             f"{_list_html('Inputs', d.inputs)}"
-            f"{_list_html('Sharded parameters feeding this op', d.placements)}"
+            f"{path_html}{_list_html('Sharded parameters feeding this op', d.placements)}"
             f"{nearby_html}</section>")
 
 

@@ -413,11 +413,4 @@ FACT_RULES = (
     *(f"(rule ((= t ({term})) (= n (ndim x))) ((set (ndim t) (+ n {step}))) :ruleset lemmas)"
       for term, step in (("unsqueeze x d", 1), ("split x d i", 1), ("squeeze x d", -1),
                          ("merge x d i", -1))),
-    # values every rank holds alike: a rank concatenation (an all_gather's result), and data
-    # moved out of such values (a broadcast's block of a gathered stack of replicated inputs)
-    "(rule ((= t (rcat x d s))) ((inv t)) :ruleset lemmas)",
-    "(rule ((= t (concat x y d a b)) (inv x) (inv y)) ((inv t)) :ruleset lemmas)",
-    *(f"(rule ((= t ({term})) (inv x)) ((inv t)) :ruleset lemmas)"
-      for term in ("slice x d s e", "transpose x d e", "expand x d s", "unsqueeze x d",
-                   "squeeze x d", "split x d i", "merge x d i")),
 )

@@ -172,10 +172,21 @@ def leaves(term: Term) -> list[str]:
     return [name for arg in term.args for name in leaves(arg)]
 
 
-def shape_facts(term: str, shape: tuple[int, ...]) -> list[str]:
-    """What a window states about a tensor's shape: each dim's size and the number of dims."""
+# Dim counts are read only by the rules over these heads (a lookup's ids, the operand of an op
+# along its last dim); a window without them states none, so the rules carrying counts idle.
+NDIM_READERS = ("embedding", "embedding_grad", "last_dim")
+
+
+def shape_facts(term: str, shape: tuple[int, ...], counts: bool = True) -> list[str]:
+    """What a window states about a tensor's shape: each dim's size and, with `counts`, the
+    number of dims."""
     return [*(f"(set (dimsize {term} {dim}) {size})" for dim, size in enumerate(shape)),
-            f"(set (ndim {term}) {len(shape)})"]
+            *([f"(set (ndim {term}) {len(shape)})"] if counts else [])]
+
+
+def reads_dim_counts(program: str) -> bool:
+    """Whether an egglog program holds a head whose rules read dim counts."""
+    return any(f"({head} " in program for head in NDIM_READERS)
 
 
 def is_relational(term: Term) -> bool:

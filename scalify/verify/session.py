@@ -45,12 +45,18 @@ def _restore(text: str, names: list[str]) -> str:
     return _LEAF.sub(lambda m: f'(dist "{names[int(m.group(1)[1:])]}")', text)
 
 
-def _batched(program: str) -> str:
-    """Load a window's facts as one query-less rule: one command instead of one per fact."""
-    first, _, facts = program.partition("\n")
+def _batched(egraph: bindings.EGraph, program: str, chunk: int = 16) -> list:
+    """A window's commands: its first line, then its facts as one query-less rule (one command
+    instead of one per fact), parsed a few lines at a time (every parsed expression keeps the
+    text it was parsed from, which egglog copies each time it takes the command)."""
+    first, *facts = program.split("\n")
+    commands = egraph.parse_program(first)
     if not facts:
-        return first
-    return f"{first}\n(rule () ({facts}) :ruleset window)\n(run window 1)"
+        return commands
+    actions = [command.action for start in range(0, len(facts), chunk)
+               for command in egraph.parse_program("\n".join(facts[start:start + chunk]))]
+    load = bindings.RuleCommand(bindings.Rule(bindings.RustSpan("window", 0, 0), actions, [], "", "window"))
+    return [*commands, load, *egraph.parse_program("(run window 1)")]
 
 
 def _nodes(outputs: list) -> int:
@@ -159,7 +165,7 @@ class EgglogSession:
 
         egraph.run_program(*egraph.parse_program("(push)"))
         try:
-            egraph.run_program(*egraph.parse_program(_batched(program)))
+            egraph.run_program(*_batched(egraph, program))
             self._saturate_escalating(egraph, checked)
             return checked()
         finally:
@@ -240,7 +246,7 @@ class EgglogSession:
         egraph = self._egraph
         egraph.run_program(*egraph.parse_program("(push)"))
         try:
-            egraph.run_program(*egraph.parse_program(_batched(program)))
+            egraph.run_program(*_batched(egraph, program))
             extract = egraph.parse_program("(extract $y)")
             outputs = self._saturate_escalating(egraph, lambda: is_relational(parse(str(
                 egraph.run_program(*extract)[-1]))))

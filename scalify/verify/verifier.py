@@ -20,8 +20,8 @@ from ..ir.ops import MOVEMENT, OPS, RANDOM
 from ..placements import Custom, Placement, Replicate, Stage
 from ..report.model import Discrepancy
 from ..rules.families import WINDOW_TRAITS
-from ..rules.terms import (App, Term, is_relational, leaves, op_key, parse, render,
-                            shape_facts)
+from ..rules.terms import (App, Term, is_relational, leaves, op_key, parse, reads_dim_counts,
+                            render, shape_facts)
 from .congruence import broadcast_term, rank_concat_relation, replicated_twins
 from .custom import custom_output_terms, custom_relation, family_custom_relation
 from .encode import encode
@@ -353,7 +353,7 @@ class Verifier:
         if fused <= self.options.fused_ops:  # perhaps the ranks compute it fused with the next ops
             if not runs:
                 result.deferred[node.name] = self._discrepancy(node, inputs, term,
-                                                               narrowest or window)
+                                                               narrowest or window, relations)
             return Relation(outcome.term, pending=runs[0].pending if runs else node.name,
                             fused=fused)
         opaque = self.dist_opaque.intersection(narrowest or window)
@@ -364,7 +364,8 @@ class Verifier:
         elif runs:
             self._fail_run(runs[0].pending, node, result)
         else:
-            result.discrepancies.append(self._discrepancy(node, inputs, term, narrowest or window))
+            result.discrepancies.append(self._discrepancy(node, inputs, term, narrowest or window,
+                                                          relations))
         return None
 
     def _congruent(self, node: Node, inputs: list[Relation]) -> Relation | None:
@@ -402,11 +403,11 @@ class Verifier:
             lines += [f"(inv {term})" for r in inputs for term in _relational_parts(r.term)]
             lines.append(f"(set (world) {self.dist.world_size})")
         lines += self._definitions(defined)
-        lines += self._sizes(lines)
         nodes = [node, *(self.dist.graph[d] for d in defined)]
         for trait, ops in WINDOW_TRAITS.items():
             keys = {op_key(n.op, dict(n.attrs)) for n in nodes if n.op in ops}
             lines += [f"({trait} {render(key)})" for key in sorted(keys)]
+        lines += self._sizes(lines)
         return "\n".join(lines), window
 
     def _fewer_replicas(self, same: tuple[str, ...], inputs: list[Relation]) -> bool:
@@ -508,9 +509,11 @@ class Verifier:
 
     def _sizes(self, lines: list[str]) -> list[str]:
         """The dim sizes of every rank tensor `lines` name (size-dependent rules read them)."""
-        names = dict.fromkeys(_LEAF_NAME.findall("\n".join(lines)))  # in order of appearance
-        return [fact for name in names for fact in shape_facts(leaf(name),
-                                                               self.dist.graph[name].shape)]
+        text = "\n".join(lines)
+        names = dict.fromkeys(_LEAF_NAME.findall(text))  # in order of appearance
+        counts = reads_dim_counts(text)
+        return [fact for name in names
+                for fact in shape_facts(leaf(name), self.dist.graph[name].shape, counts)]
 
     # Outputs.
 
@@ -578,14 +581,15 @@ class Verifier:
                     names.add(node.name)
         return None
 
-    def _discrepancy(self, node: Node, inputs: list[Relation], found: App,
-                     window: list[str]) -> Discrepancy:
+    def _discrepancy(self, node: Node, inputs: list[Relation], found: App, window: list[str],
+                     relations: dict[str, Relation | None]) -> Discrepancy:
         described = [describe(parse(r.term), self.labels) for r in inputs]
         lowest = [n for n in window if self.dist.rank_of(n) == min(
             (self.dist.rank_of(w) for w in window), default=0)]
         partials = [(i, _partial(parse(r.term))) for i, r in enumerate(inputs)]
         partial = next(((i, found) for i, found in partials if found), None)
         sent: list[SourceLoc] = []  # a collective that received the partial sum
+        path: list[SourceLoc] = []  # the rank ops from the last values known equal to this op
         if partial is not None:
             position, (kind, term) = partial
             producer = self.dist.graph[leaves(term)[0]]
@@ -614,12 +618,39 @@ class Verifier:
                       or [None])[0]
             primary = self.dist.graph[chosen].source if chosen else SourceLoc()
             hint = _hint(node, found) + _layout_hint(self._sharded_inputs(node))
+            if chosen:
+                path = self._parted_path(chosen, inputs, relations)
         nearby = sent + list(dict.fromkeys(self.dist.graph[n].source for n in lowest))[:10]
         return Discrepancy(node.op, node.name, node.source.module, node.source, primary,
                            found=describe(found, self.labels),
                            expected="a relation to the ranks' tensors (Replicate, Shard or Partial)",
-                           hint=hint, inputs=described, nearby=nearby,
+                           hint=hint, inputs=described, nearby=nearby, path=path,
                            placements=self._sharded_parameters(node))
+
+    def _parted_path(self, chosen: str, inputs: list[Relation],
+                     relations: dict[str, Relation | None], limit: int = 6) -> list[SourceLoc]:
+        """Where the rank op blamed and the reference part ways: the ops it depends on, back to
+        the rank tensors equal to the reference op's inputs, or to tensors equal to other
+        reference values (read in their place: a swapped chunk), nearest first, at most `limit`
+        lines. A wrong slice, chunk order or shard taken upstream shows here."""
+        expected = {name for relation in inputs for name in relation.leaf_names()}
+        known = {name for relation in relations.values() if relation is not None
+                 for name in relation.leaf_names()}
+        found: list[SourceLoc] = []
+        seen, queue = {chosen}, deque([chosen])
+        while queue and len(found) <= limit:
+            name = queue.popleft()
+            node = self.dist.graph[name]
+            if node.source.file and node.source not in found:
+                found.append(node.source)
+            if name in known and name != chosen:
+                continue  # another reference value, read in place of this op's input
+            for arg in node.inputs:
+                if arg not in seen and arg not in expected and arg not in self.dist_const and (
+                        self.dist.graph[arg].op != "placeholder"):
+                    seen.add(arg)
+                    queue.append(arg)
+        return found[1:] if found and found[0] == self.dist.graph[chosen].source else found
 
     def _selected_elsewhere(self, inputs: list[Relation], window: list[str]) -> list[str]:
         """Rank slices in `window` that cut another part of the same size from a rank tensor

@@ -5,7 +5,7 @@ import torch
 from scalify.rules import all_rules
 from scalify.rules.base import check_conditions, evaluate_sides
 from scalify.rules.families import FACTS
-from scalify.rules.terms import At
+from scalify.rules.terms import At, reads_dim_counts
 
 CASES = [(rule, choice) for rule in all_rules() for choice in rule.instances()]
 
@@ -26,3 +26,12 @@ def test_rule_sides_agree_numerically(rule, choice):
 def test_rule_names_are_unique():
     names = [rule.name for rule in all_rules()]
     assert len(names) == len(set(names))
+
+
+def test_rules_reading_dim_counts_match_a_head_that_makes_windows_state_them():
+    """Windows state dim counts only when they hold a head in NDIM_READERS: a rule that reads
+    counts over any other head would never fire."""
+    readers = [rule for rule in all_rules() if "(ndim " in " ".join(rule.when)]
+    assert readers
+    for rule in readers:
+        assert reads_dim_counts(" ".join([rule.lhs, *rule.when])), rule.name

@@ -1,0 +1,49 @@
+"""Where the ranks and the reference part ways upstream of the op that fails: a column-parallel
+gate/up projection whose ranks take their two halves in the wrong order fails at the `silu`,
+and the report names the line that chose the halves too."""
+import inspect
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import scalify
+
+HIDDEN, FFN, WORLD = 8, 16, 2
+
+
+class GatedMLP(nn.Module):
+    def __init__(self, ffn: int = FFN) -> None:
+        super().__init__()
+        self.gate_up = nn.Linear(HIDDEN, 2 * ffn, bias=False)
+
+    def forward(self, x):
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+
+class SwappedHalves(GatedMLP):
+    """Each rank holds `[gate_r | up_r]` and takes the halves the wrong way round."""
+
+    def forward(self, x):
+        up, gate = self.gate_up(x).chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+
+def _halves(state, rank, world_size):
+    weight = state["gate_up.weight"]
+    gate, up = weight.chunk(2)
+    return {"gate_up.weight": torch.cat([gate.chunk(world_size)[rank], up.chunk(world_size)[rank]])}
+
+
+def test_the_line_taking_the_wrong_half_is_on_the_path():
+    report = scalify.verify_modules(
+        reference=GatedMLP(), rank_module_factory=lambda rank: SwappedHalves(FFN // WORLD),
+        world_size=WORLD, example_inputs={"x": torch.randn(4, HIDDEN)}, shard_fn=_halves,
+        output_placements=[scalify.Shard(1)])
+    assert report.verdict == "discrepancy"
+    first = report.discrepancies[0]
+    lines, start = inspect.getsourcelines(SwappedHalves.forward)
+    chunk_line = start + next(i for i, text in enumerate(lines) if ".chunk(" in text)
+    assert first.ref_op == "silu"
+    assert chunk_line in {loc.line for loc in first.path}

@@ -55,7 +55,8 @@ def _batched(egraph: bindings.EGraph, program: str, chunk: int = 16) -> list:
         return commands
     actions = [command.action for start in range(0, len(facts), chunk)
                for command in egraph.parse_program("\n".join(facts[start:start + chunk]))]
-    load = bindings.RuleCommand(bindings.Rule(bindings.RustSpan("window", 0, 0), actions, [], "", "window"))
+    span = bindings.RustSpan("window", 0, 0)
+    load = bindings.RuleCommand(bindings.Rule(span, actions, [], "", "window"))
     return [*commands, load, *egraph.parse_program("(run window 1)")]
 
 
@@ -111,6 +112,9 @@ class EgglogSession:
             self.rulesets.append(context.RULESET)
         self.memoize = memoize
         self.store = store
+        # a window's answer depends on the rules run and how long: proofs are stored apart per
+        # kind of session
+        self.stored_kind = f"{'+'.join(self.rulesets)}:{iterations}"
         self.memo: dict[str, Outcome] = {}
         self.hits = 0
         self.misses = 0
@@ -134,8 +138,8 @@ class EgglogSession:
             if self.memoize:
                 self.memo[canonical] = outcome
                 if self.store is not None:
-                    self.store.put("window", canonical, [outcome.term, outcome.same,
-                                                         outcome.leaf_aliases])
+                    self.store.put(f"window:{self.stored_kind}", canonical,
+                                   [outcome.term, outcome.same, outcome.leaf_aliases])
         else:
             self.hits += 1
         real = lambda n: names[int(n[1:])]  # noqa: E731
@@ -145,7 +149,7 @@ class EgglogSession:
     def _stored(self, canonical: str) -> Outcome | None:
         if self.store is None or not self.memoize:
             return None
-        value = self.store.get("window", canonical)
+        value = self.store.get(f"window:{self.stored_kind}", canonical)
         if value is None:
             return None
         term, same, aliases = value

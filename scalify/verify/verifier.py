@@ -250,12 +250,12 @@ class Verifier:
             return
         self.segment_memo[key.digest] = canonical
         if self.store is not None:
-            self.store.put("layer", key.digest, canonical)
+            self.store.put(f"layer:{self.session.stored_kind}", key.digest, canonical)
 
     def _stored_segment(self, key: SegmentKey) -> list | None:
         stored = self.segment_memo.get(key.digest)
         if stored is None and self.store is not None:
-            stored = self.store.get("layer", key.digest)
+            stored = self.store.get(f"layer:{self.session.stored_kind}", key.digest)
         return stored
 
     def _segment_key(self, region: str, nodes: list[Node],

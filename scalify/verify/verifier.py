@@ -19,7 +19,7 @@ from ..ir.graph import Graph, Node, SourceLoc
 from ..ir.ops import MOVEMENT, OPS, RANDOM
 from ..placements import Custom, Placement, Replicate, Stage
 from ..report.model import Discrepancy
-from ..rules.families import WINDOW_TRAITS
+from ..rules.families import LINEAR_UNARY_OPS, WINDOW_TRAITS
 from ..rules.terms import (App, Term, is_relational, leaves, op_key, parse, reads_dim_counts,
                             render, shape_facts)
 from .congruence import broadcast_term, rank_concat_relation, replicated_twins
@@ -571,15 +571,33 @@ class Verifier:
     # Diagnostics.
 
     def _collective_receiving(self, name: str) -> Node | None:
-        """The collective that receives rank tensor `name`, directly or through data movement."""
+        """The collective that receives rank tensor `name`, directly or through data movement
+        and scalings (a partial sum scaled is still one)."""
         names = {name}
         for node in self.dist.graph:
             if names & set(node.inputs):
                 if node.op in COLLECTIVES:
                     return node
-                if OPS[node.op].trait == MOVEMENT:
+                if OPS[node.op].trait == MOVEMENT or node.op in LINEAR_UNARY_OPS:
                     names.add(node.name)
         return None
+
+    def _first_uses(self, name: str, limit: int = 4) -> list[SourceLoc]:
+        """The lines of the first ops past data movement that read rank tensor `name` (what the
+        ranks do with a collective's result: scale it, add it)."""
+        uses: list[SourceLoc] = []
+        seen, queue = {name}, deque([name])
+        while queue and len(uses) < limit:
+            for user in self.users[queue.popleft()]:
+                if user in seen:
+                    continue
+                seen.add(user)
+                node = self.dist.graph[user]
+                if OPS[node.op].trait == MOVEMENT:
+                    queue.append(user)
+                elif node.source.file and node.source not in uses:
+                    uses.append(node.source)
+        return uses
 
     def _discrepancy(self, node: Node, inputs: list[Relation], found: App, window: list[str],
                      relations: dict[str, Relation | None]) -> Discrepancy:
@@ -594,6 +612,7 @@ class Verifier:
             position, (kind, term) = partial
             producer = self.dist.graph[leaves(term)[0]]
             primary = producer.source
+            path = self._parted_path(producer.name, inputs, found, relations)
             hint = (f"input {position} is a partial {kind} over ranks (from {producer.source}): "
                     f"an all_reduce is missing before this {node.op}")
             names = leaves(term)
@@ -604,6 +623,7 @@ class Verifier:
             collective = self._collective_receiving(producer.name)
             if collective is not None:  # the partial sum is sent, but not summed into this value
                 sent.append(collective.source)
+                path += [loc for loc in self._first_uses(collective.name) if loc not in path]
                 hint = (f"input {position} is a partial {kind} over ranks (from "
                         f"{producer.source}) that the {collective.op} at {collective.source} "
                         f"does not sum into this {node.op}'s input")
@@ -619,7 +639,7 @@ class Verifier:
             primary = self.dist.graph[chosen].source if chosen else SourceLoc()
             hint = _hint(node, found) + _layout_hint(self._sharded_inputs(node))
             if chosen:
-                path = self._parted_path(chosen, inputs, relations)
+                path = self._parted_path(chosen, inputs, found, relations)
         nearby = sent + list(dict.fromkeys(self.dist.graph[n].source for n in lowest))[:10]
         return Discrepancy(node.op, node.name, node.source.module, node.source, primary,
                            found=describe(found, self.labels),
@@ -627,30 +647,32 @@ class Verifier:
                            hint=hint, inputs=described, nearby=nearby, path=path,
                            placements=self._sharded_parameters(node))
 
-    def _parted_path(self, chosen: str, inputs: list[Relation],
+    def _parted_path(self, blamed: str, inputs: list[Relation], found: App,
                      relations: dict[str, Relation | None], limit: int = 6) -> list[SourceLoc]:
-        """Where the rank op blamed and the reference part ways: the ops it depends on, back to
-        the rank tensors equal to the reference op's inputs, or to tensors equal to other
-        reference values (read in their place: a swapped chunk), nearest first, at most `limit`
-        lines. A wrong slice, chunk order or shard taken upstream shows here."""
+        """Where the rank op blamed and the reference part ways: the ops it and the rank
+        tensors the saturation found depend on, back to the rank tensors equal to the
+        reference op's inputs, or to tensors equal to other reference values (read in their
+        place: a swapped chunk), nearest first, at most `limit` lines other than the blamed
+        op's. A wrong slice, chunk order, shard or scaling upstream shows here."""
         expected = {name for relation in inputs for name in relation.leaf_names()}
         known = {name for relation in relations.values() if relation is not None
                  for name in relation.leaf_names()}
-        found: list[SourceLoc] = []
-        seen, queue = {chosen}, deque([chosen])
-        while queue and len(found) <= limit:
+        starts = [blamed, *(n for n in leaves(found) if n not in expected and n in self.dist.graph)]
+        lines: list[SourceLoc] = [self.dist.graph[blamed].source]
+        seen, queue = set(starts), deque(starts)
+        while queue and len(lines) <= limit:
             name = queue.popleft()
             node = self.dist.graph[name]
-            if node.source.file and node.source not in found:
-                found.append(node.source)
-            if name in known and name != chosen:
+            if node.source.file and node.source not in lines:
+                lines.append(node.source)
+            if name in known and name not in starts:
                 continue  # another reference value, read in place of this op's input
             for arg in node.inputs:
                 if arg not in seen and arg not in expected and arg not in self.dist_const and (
                         self.dist.graph[arg].op != "placeholder"):
                     seen.add(arg)
                     queue.append(arg)
-        return found[1:] if found and found[0] == self.dist.graph[chosen].source else found
+        return lines[1:]
 
     def _selected_elsewhere(self, inputs: list[Relation], window: list[str]) -> list[str]:
         """Rank slices in `window` that cut another part of the same size from a rank tensor

@@ -4,6 +4,7 @@ and the report names the line that chose the halves too."""
 import inspect
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -47,3 +48,52 @@ def test_the_line_taking_the_wrong_half_is_on_the_path():
     chunk_line = start + next(i for i, text in enumerate(lines) if ".chunk(" in text)
     assert first.ref_op == "silu"
     assert chunk_line in {loc.line for loc in first.path}
+
+
+class Regression(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(HIDDEN, 1)
+
+    def forward(self, x, y):
+        loss = F.mse_loss(self.proj(x).squeeze(-1), y)
+        return (loss, *torch.autograd.grad(loss, list(self.proj.parameters())))
+
+
+class BucketedDataParallel(Regression):
+    """Gradients flattened into one bucket, all-reduced in place, scaled by `factor` after."""
+
+    def __init__(self, factor: float) -> None:
+        super().__init__()
+        self.factor = factor
+
+    def forward(self, x, y):
+        loss = F.mse_loss(self.proj(x).squeeze(-1), y)
+        grads = torch.autograd.grad(loss, list(self.proj.parameters()))
+        bucket = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(bucket)
+        bucket.mul_(self.factor)
+        parts = bucket.split([g.numel() for g in grads])
+        reduced = loss.detach().clone()
+        dist.all_reduce(reduced)
+        return (reduced / WORLD, *(p.view_as(g) for p, g in zip(parts, grads)))
+
+
+def _bucketed(factor: float):
+    return scalify.verify_modules(
+        reference=Regression(), rank_module_factory=lambda rank: BucketedDataParallel(factor),
+        world_size=WORLD, example_inputs={"x": torch.randn(4, HIDDEN), "y": torch.randn(4)},
+        input_placements={"x": scalify.Shard(0), "y": scalify.Shard(0)},
+        output_placements=[scalify.Replicate()] * 3, grad=True)
+
+
+def test_a_bucket_scaled_right_after_its_all_reduce_verifies():
+    assert _bucketed(1 / WORLD).verdict == "verified"
+
+
+def test_a_wrong_scale_after_the_all_reduce_is_named():
+    report = _bucketed(1 / WORLD ** 2)
+    assert report.verdict == "discrepancy"
+    lines, start = inspect.getsourcelines(BucketedDataParallel.forward)
+    scale_line = start + next(i for i, text in enumerate(lines) if "mul_(" in text)
+    assert (inspect.getsourcefile(BucketedDataParallel), scale_line) in report.discrepancies[0].lines()

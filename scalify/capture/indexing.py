@@ -6,15 +6,23 @@ from __future__ import annotations
 from typing import Any
 
 from .aten import Result, _dim, _scalar, lowering
+from .aten import _one_per_row as _picks_one_per_row
 from .builder import GraphBuilder, Ref
 from .uninterpreted import apply
 
 
 @lowering("index_put")
 def _index_put(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
-    """`x[mask] = scalar` with one boolean mask over x's leading dims (DTensor's MaskPartial)."""
+    """`x[mask] = scalar` with one boolean mask over x's leading dims (DTensor's MaskPartial), and
+    `x[arange, ids] = v` (or `+= v`) putting one value per row along the last dim."""
     x, indices, values = args[:3]
     accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
+    if isinstance(values, Ref) and _picks_one_per_row(b, x, list(indices)):
+        ids, rows = indices[-1], x.shape[:-1]
+        put = values if values.shape == rows else b.broadcast(values, rows)
+        if not accumulate:  # what is there is replaced: add the difference
+            put = _change(b, put, x, ids) or b.emit("sub", [put, b.emit("take", [x, ids])])
+        return b.emit("add", [x, b.emit("untake", [put, ids], size=x.shape[-1])])
     source = b.graph[values.name] if isinstance(values, Ref) and values.shape == () else None
     value = source and (source.attr("value") if source.op == "full" else source.attr("values", [None])[0])
     if (accumulate or len(indices) != 1 or not isinstance(indices[0], Ref)
@@ -24,6 +32,21 @@ def _index_put(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -
     while len(mask.shape) < len(x.shape):
         mask = b.emit("unsqueeze", [mask], dim=len(mask.shape))
     return b.emit("masked_fill", [x, b.broadcast(mask, x.shape)], value=_scalar(value))
+
+
+def _change(b: GraphBuilder, values: Ref, x: Ref, ids: Ref) -> Ref | None:
+    """What `x[rows, ids] += w` or `-= w` adds: `w` or its negation, when the values put are the
+    picks `x[rows, ids]` plus or minus `w` (None for any other values)."""
+    node = b.graph[values.name]
+    if node.op not in ("add", "sub") or len(node.inputs) != 2:
+        return None
+    picked, change = (b.graph[name] for name in node.inputs)
+    if picked.op != "take" or list(picked.inputs) != [x.name, ids.name]:
+        return None
+    if change.shape != values.shape:
+        return None
+    change_ref = Ref(change.name, change.shape, values.dtype)
+    return change_ref if node.op == "add" else b.emit("neg", [change_ref])
 
 
 def _one_per_row(x: Ref, dim: int, index: Ref) -> bool:

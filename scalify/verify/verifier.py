@@ -7,6 +7,7 @@ no such term is a discrepancy; at the end each output must equal its expected re
 """
 from __future__ import annotations
 
+import functools
 import re
 from collections import deque
 from dataclasses import dataclass, field
@@ -318,7 +319,7 @@ class Verifier:
         for depth, look_through in windows:  # ops on replicated inputs usually match one hop away
             if look_through and related is not None:
                 break
-            program, window = self._program(node, inputs, depth, look_through)
+            program, window = self._program(node, inputs, depth, look_through, relations)
             narrowest = window if narrowest is None else narrowest
             result.windows += 1
             try:
@@ -388,8 +389,8 @@ class Verifier:
             return None
         return Relation(term, (), _inherited(inputs, set(leaves(parse(term)))))
 
-    def _program(self, node: Node, inputs: list[Relation], depth: int,
-                 look_through: bool) -> tuple[str, list[str]]:
+    def _program(self, node: Node, inputs: list[Relation], depth: int, look_through: bool,
+                 relations: dict[str, Relation | None]) -> tuple[str, list[str]]:
         leaves_in = {name for r in inputs for name in r.leaf_names()}
         region = region_of(node.source.module)
         window = self._window(leaves_in, region, depth, look_through)
@@ -402,6 +403,12 @@ class Verifier:
         if self.dist.symbolic:  # each relation equals the reference value on every rank
             lines += [f"(inv {term})" for r in inputs for term in _relational_parts(r.term)]
             lines.append(f"(set (world) {self.dist.world_size})")
+            # so does every rank tensor in the window that holds a whole reference value (a
+            # replicated input the ranks stack with this op's input and broadcast)
+            replicated = {_bare_leaf(r.term) for r in relations.values() if r is not None}
+            mentioned = dict.fromkeys(a for d in defined for a in [d, *self.dist.graph[d].inputs])
+            lines += [f"(inv {leaf(name)})" for name in mentioned
+                      if name in replicated and name not in leaves_in]
         lines += self._definitions(defined)
         nodes = [node, *(self.dist.graph[d] for d in defined)]
         for trait, ops in WINDOW_TRAITS.items():
@@ -793,6 +800,13 @@ def _hint(node: Node, found: App) -> str:
                 "a local shard, or a wrong dim)")
     return ("no rank computes this value from its inputs' relations; compare the reference line "
             "with the distributed lines listed")
+
+
+@functools.lru_cache(maxsize=65536)
+def _bare_leaf(term: str) -> str | None:
+    """The rank tensor a relation term is, when it is one rank tensor (a whole value)."""
+    match = _LEAF_NAME.fullmatch(term)
+    return match.group(1) if match else None
 
 
 def _relational_parts(text: str) -> list[str]:

@@ -45,7 +45,22 @@ CASES = {
     "clamp": lambda x: x.clamp(-0.5, 0.5),
     "where with a scalar": lambda x: torch.where(x > 0, x, 0.0),
     "one pick per row by indexing": lambda x: x[torch.arange(4), torch.tensor([5, 0, 3, 1])],
+    "one value put per row": lambda x: _put(x, x[:, 2], accumulate=False),
+    "one value added per row": lambda x: _put(x, x[:, 2], accumulate=True),
+    "one row value less a mask": lambda x: _put(x, 1.0 - (x[:, 0] > 0).to(x.dtype), subtract=True),
 }
+
+
+def _put(x, values, accumulate=False, subtract=False):
+    """`x[arange, ids] = v`, `+= v` or `-= v` on a copy (cross-entropy's hand-written backward)."""
+    y, rows, ids = x.clone(), torch.arange(4), torch.tensor([5, 0, 3, 1])
+    if subtract:
+        y[rows, ids] -= values
+    elif accumulate:
+        y[rows, ids] += values
+    else:
+        y[rows, ids] = values
+    return y
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -79,3 +94,15 @@ def test_uninitialised_memory_read_is_a_draw_of_its_own():
     x = torch.empty(4, device="meta")
     graph = capture(nn.Module(), lambda: torch.empty(4, device="meta") + x, {"x": x})
     assert [n.op for n in graph if n.op not in ("placeholder", "add")] == ["uninitialized"]
+
+
+def test_one_value_put_per_row_is_an_untake():
+    x = torch.empty(4, 6, device="meta")
+    ids = torch.empty(4, dtype=torch.long, device="meta")
+
+    def put():
+        y = x.clone()
+        y[torch.arange(4), ids] -= 1.0
+        return y
+    graph = capture(nn.Module(), put, {"x": x, "ids": ids})
+    assert "untake" in {n.op for n in graph} and "opaque" not in {n.op for n in graph}

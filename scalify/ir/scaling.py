@@ -67,6 +67,14 @@ def _fraction(value: float) -> Fraction | None:
     return simple if float(simple) == float(value) else exact
 
 
+def scalar_factor(node: Node) -> Fraction | None:
+    """The factor a `mul_scalar` or `div_scalar` scales by (None for other nodes)."""
+    value = _fraction(node.attr("value")) if node.op in SCALINGS else None
+    if value is None:
+        return None
+    return value if node.op == "mul_scalar" else 1 / value
+
+
 def _uniform(value: torch.Tensor | None) -> Fraction | None:
     """The single value of a floating constant whose elements are all equal (or None)."""
     if value is None or not value.is_floating_point() or value.numel() == 0:
@@ -182,10 +190,7 @@ class _Pusher:
         if node.op not in SCALINGS or not (
                 self._floating(node.inputs[0]) and node.dtype in FLOATS):
             return None
-        value = _fraction(node.attr("value"))
-        if value is None:
-            return None
-        return value if node.op == "mul_scalar" else 1 / value
+        return scalar_factor(node)
 
     def _uniform_operand(self, node: Node) -> tuple[int, Fraction] | None:
         """(the varying operand, the factor) of a product with, or a quotient by, a constant of

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from . import context, elementwise, embedding, matmul, movement, ranks, reduction, rows
 from .base import Rule
-from .families import FACTS
+from .families import FACTS, SHARE_TRAITS
 from .terms import DECLARATIONS, render
 
 RULESET = "lemmas"
@@ -29,8 +29,9 @@ OPTIONAL_RULESETS = (PER_RANK_RULESET, ranks.RULESET, context.RULESET, INVERSES_
 
 
 def trait_facts() -> str:
-    """The trait relations (`additive`, ...) and their members, as egglog commands."""
-    relations = [f"(relation {name} (String))" for name in sorted(FACTS)]
+    """The trait relations (`additive`, ...) and their members, as egglog commands (the share
+    traits have their members stated per window)."""
+    relations = [f"(relation {name} (String))" for name in sorted([*FACTS, *SHARE_TRAITS])]
     facts = [f"({name} {render(member)})" for name, members in sorted(FACTS.items())
              for member in sorted(members)]
     return "\n".join(relations + facts)

@@ -26,7 +26,7 @@ from egglog import bindings
 from . import trait_facts
 from .base import Rule, check_conditions
 from .examples import tensor
-from .families import BINARY_KEYS, FACTS, KINDS, UNARY_KEYS
+from .families import BINARY_KEYS, KINDS, UNARY_KEYS, example_traits, share_facts
 from .terms import (DECLARATIONS, App, At, Family, IndexOutOfRange, Term, evaluate, render,
                     shape_facts)
 from .terms import parse as parse_term
@@ -235,7 +235,7 @@ def _swaps(rule: Rule, env: dict[str, Any]) -> list[Variant]:
     gen = torch.Generator().manual_seed(4)
     found = []
     for head, name in _tested(rule):
-        if head in FACTS:
+        if head in example_traits(rule.world):
             found += [Variant(f"{name}={key}", {**env, name: key}) for key in TRAIT_KEYS
                       if key != env[name]]
         elif head == "inv" and isinstance(env[name], torch.Tensor):
@@ -310,7 +310,7 @@ def _evaluate_rhs(rule: Rule, env: dict[str, Any], at: At) -> torch.Tensor | Non
 
 def _holds(rule: Rule, env: dict[str, Any], at: At) -> bool:
     try:
-        return check_conditions(rule, env, FACTS, at)
+        return check_conditions(rule, env, example_traits(rule.world), at)
     except Exception:  # noqa: BLE001 - a condition that cannot be evaluated does not hold
         return False
 
@@ -327,6 +327,8 @@ def _fired(rule: Rule, envs: list[dict[str, Any]]) -> list[bool | None]:
              for i, text in enumerate(texts) if text is not None]
     program = [DECLARATIONS, trait_facts(), "(constructor side (i64 i64) T)",
                "(relation fired_at (i64))", f"(set (world) {rule.world})",
+               *(f"({trait} {render(key)})" for trait, keys in share_facts(rule.world).items()
+                 for key in sorted(keys)),
                *(f"(ruleset {name})" for name in (RULESET, "terms", "sides", "probe")),
                rule.egglog(RULESET), *terms, *sides,
                "(rule ((= x (side i 0)) (= x (side i 1))) ((fired_at i)) :ruleset probe)",

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from .base import Rule
 from .examples import concat_parts, tensor
-from .families import ADDITIVE, BINARY_KEYS, COMMUTATIVE, LINEAR_UNARY_KEYS, SCALES_LEFT, SCALES_RIGHT, UNARY_KEYS
+from .families import (ADDITIVE, BINARY_KEYS, COMMUTATIVE, LINEAR_UNARY_KEYS, SCALES_LEFT,
+                       SCALES_RIGHT, UNARY_KEYS, share_keys)
 
 SHAPE = (3, 4, 5)
 
@@ -155,6 +156,12 @@ def rules() -> list[Rule]:
         # (a missing all_reduce) would relate past the add that should have summed it.
         Rule("bias-into-one-part", '(binary "add" (psum a b) (expand u d n))', "(psum z b)",
              _bias_into_one_part, when=('(= z (binary "add" a (expand u d n)))',)),
+        # A value added to (or taken from) a partial sum of two parts, half to each part
+        # (DTensor's Replicate operand of an add with a Partial one, over a group of two).
+        Rule("halves-into-parts", "(binary f (psum a b) y)",
+             "(psum (binary f a (unary h y)) (binary f b (unary h y)))", _psum_example,
+             when=("(additive f)", "(halves h)"),
+             families={"f": ADDITIVE, "h": tuple(sorted(share_keys(2)))}),
         Rule("scaling-over-psum-left", "(binary f (psum a b) y)",
              "(psum (binary f a y) (binary f b y))", _psum_example, when=("(scales_left f)",),
              families={"f": SCALES_LEFT}),

@@ -33,3 +33,22 @@ FACTS = {"commutative": set(COMMUTATIVE), "additive": set(ADDITIVE),
          "scales_left": set(SCALES_LEFT), "scales_right": set(SCALES_RIGHT),
          "linear_unary": set(LINEAR_UNARY_KEYS), "last_dim": set(LAST_DIM_KEYS)}
 WINDOW_TRAITS = {"linear_unary": LINEAR_UNARY_OPS, "last_dim": LAST_DIM_OPS}
+# Traits of the scalings by one share of a whole, stated per window for the scalar ops it holds
+# (never loaded into every e-graph: `world_share` depends on the session's world size):
+# `halves` scales by 1/2 (one of a partial sum's two parts), `world_share` by 1/world.
+SHARE_TRAITS = ("halves", "world_share")
+
+
+def share_keys(parts: int) -> set[str]:
+    """Keys of the scalings by 1/parts, in the spellings an audit example uses."""
+    return {f"mul_scalar|value={1 / parts!r}", f"div_scalar|value={float(parts)!r}"}
+
+
+def share_facts(world: int) -> dict[str, set[str]]:
+    """The members of each share trait for examples evaluated on `world` ranks."""
+    return {"halves": share_keys(2), "world_share": share_keys(world)}
+
+
+def example_traits(world: int) -> dict[str, set[str]]:
+    """Every trait's members where a rule's examples run on `world` ranks."""
+    return {**FACTS, **share_facts(world)}

@@ -15,7 +15,8 @@ from .base import Rule
 from .examples import tensor
 from .movement import MOVEMENT_OPS, SHAPE_DETERMINING
 from .families import (ADDITIVE, BINARY_KEYS, COMPARISONS, LAST_DIM_KEYS, LINEAR_UNARY_KEYS,
-                       NORMALIZATIONS, REDUCTIONS, SCALES_LEFT, SCALES_RIGHT, UNARY_KEYS)
+                       NORMALIZATIONS, REDUCTIONS, SCALES_LEFT, SCALES_RIGHT, UNARY_KEYS,
+                       share_keys)
 from .terms import Family
 
 RULESET = "ranks"
@@ -66,6 +67,13 @@ def _elementwise() -> list[Rule]:
              when=("(scales_left f)", "(inv y)"), families={"f": SCALES_LEFT}),
         Rule("scaling-over-rsum-right", "(binary f y (rsum x))", "(rsum (binary f y x))", summed,
              when=("(scales_right f)", "(inv y)"), families={"f": SCALES_RIGHT}),
+        # A replicated value added to (or taken from) a partial sum, a share on every rank
+        # (DTensor turns a Replicate operand of an add with a Partial one into its value over
+        # the world size).
+        Rule("invariant-shared-over-rsum", "(binary f (rsum x) y)",
+             "(rsum (binary f x (unary h y)))", summed,
+             when=("(additive f)", "(inv y)", "(world_share h)"),
+             families={"f": ADDITIVE, "h": tuple(sorted(share_keys(WORLD)))}),
     ]
 
 

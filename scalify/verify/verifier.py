@@ -11,6 +11,7 @@ import functools
 import re
 from collections import deque
 from dataclasses import dataclass, field
+from fractions import Fraction
 from functools import cached_property
 from typing import Callable
 
@@ -18,6 +19,7 @@ from ..errors import ShapeError
 from ..ir.distributed import COLLECTIVES, DistributedGraph, constant_terms
 from ..ir.graph import Graph, Node, SourceLoc
 from ..ir.ops import MOVEMENT, OPS, RANDOM
+from ..ir.scaling import scalar_factor
 from ..placements import Custom, Placement, Replicate, Stage
 from ..report.model import Discrepancy
 from ..rules.families import LINEAR_UNARY_OPS, WINDOW_TRAITS
@@ -414,8 +416,21 @@ class Verifier:
         for trait, ops in WINDOW_TRAITS.items():
             keys = {op_key(n.op, dict(n.attrs)) for n in nodes if n.op in ops}
             lines += [f"({trait} {render(key)})" for key in sorted(keys)]
+        lines += self._share_facts(nodes)
         lines += self._sizes(lines)
         return "\n".join(lines), window
+
+    def _share_facts(self, nodes: list[Node]) -> list[str]:
+        """The scalings by 1/2 (`halves`) and, in a symmetric program, by 1/world
+        (`world_share`) among the window's ops."""
+        shares = {"halves": 2, **({"world_share": self.dist.world_size} if self.dist.symbolic
+                                  else {})}
+        facts = set()
+        for n in nodes:
+            factor = scalar_factor(n)
+            facts.update(f"({trait} {render(op_key(n.op, dict(n.attrs)))})"
+                         for trait, parts in shares.items() if factor == Fraction(1, parts))
+        return sorted(facts)
 
     def _fewer_replicas(self, same: tuple[str, ...], inputs: list[Relation]) -> bool:
         """Whether fewer ranks hold the op's value than hold copies of each of its replicated

@@ -4,7 +4,7 @@ import torch
 
 from scalify.rules import all_rules
 from scalify.rules.base import check_conditions, evaluate_sides
-from scalify.rules.families import FACTS
+from scalify.rules.families import example_traits
 from scalify.rules.terms import At, reads_dim_counts
 
 CASES = [(rule, choice) for rule in all_rules() for choice in rule.instances()]
@@ -17,7 +17,7 @@ def test_rule_sides_agree_numerically(rule, choice):
     env = rule.example(gen, choice)
     for rank in range(rule.world):  # a term has one value per rank
         at = At(rank, rule.world)
-        assert check_conditions(rule, env, FACTS, at), "the example violates the rule's conditions"
+        assert check_conditions(rule, env, example_traits(rule.world), at), "the example violates the rule's conditions"
         lhs, rhs = evaluate_sides(rule, env, at)
         assert lhs.shape == rhs.shape
         assert torch.allclose(lhs.double(), rhs.double(), rtol=1e-9, atol=1e-9, equal_nan=True)

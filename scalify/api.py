@@ -26,7 +26,7 @@ from .ir.assumptions import ValueRange, assuming
 from .ir.distributed import merge_ranks
 from .ir.graph import Graph
 from .ir.scaling import pushed_scales, scaling_nodes
-from .ir.simplify import without_double_transposes
+from .ir.simplify import simplified
 from .ir.symmetry import symbolic_program
 from .placements import Custom, Placement, Replicate, Shard
 from .report.model import Report
@@ -160,8 +160,8 @@ def verify_graphs(ref_graph: Graph, rank_graphs: list[Graph], placements: dict[s
     start = time.perf_counter() if started is None else started
     assumed = {name: ValueRange(*bounds) for name, bounds in (assume or {}).items()}
     written_ref, written_ranks = ref_graph, rank_graphs
-    ref_graph = without_double_transposes(assuming([ref_graph], assumed)[0])
-    rank_graphs = [without_double_transposes(graph) for graph in assuming(rank_graphs, assumed)]
+    ref_graph = simplified(assuming([ref_graph], assumed)[0])
+    rank_graphs = [simplified(graph) for graph in assuming(rank_graphs, assumed)]
     options = options or VerifyOptions()
     # (the numbers run on the programs as written: merged here only when nothing was assumed)
     attempt = _Attempt.of(ref_graph, rank_graphs, placements, options, numeric and not assumed)

@@ -1,11 +1,25 @@
 """Identities removed from a graph before it is verified: a transpose of a transpose of the same
 two dims is its input (autograd writes `t().t()`, and implementations differ in where they
-transpose), so neither program's windows hold the round trip."""
+transpose), so neither program's windows hold the round trip; and a pure op applied again to
+the same inputs with the same attributes (the backward of a loss recomputing `out - target`, a
+mask built twice) is its first application, so the ops that read either copy meet at one
+tensor in the windows that relate them."""
 from __future__ import annotations
 
 from dataclasses import replace
 
 from .graph import Graph, Node
+from .ops import COLLECTIVE, OPS, PLACEHOLDER, POINT_TO_POINT, RANDOM
+
+# Applications that are values of their own however they were called: inputs, draws, exchanges
+# (matched across ranks in program order) and uninterpreted calls.
+_DISTINCT_TRAITS = frozenset({PLACEHOLDER, RANDOM, COLLECTIVE, POINT_TO_POINT})
+_DISTINCT_OPS = frozenset({"opaque"})
+
+
+def simplified(graph: Graph) -> Graph:
+    """The graph without transpose round trips and repeated applications."""
+    return without_repeats(without_double_transposes(graph))
 
 
 def _dims(node: Node) -> frozenset[int]:
@@ -35,4 +49,26 @@ def without_double_transposes(graph: Graph) -> Graph:
     for node in kept:
         if node.name in used or node.name not in undone:
             result.add(node)
+    return result
+
+
+def without_repeats(graph: Graph) -> Graph:
+    """The graph with every repeated pure application replaced by its first (its users read
+    that one instead)."""
+    alias: dict[str, str] = {}
+    first: dict[tuple, str] = {}
+    result = Graph()
+    for node in graph:
+        node = replace(node, inputs=tuple(alias.get(i, i) for i in node.inputs))
+        if node.op not in _DISTINCT_OPS and OPS[node.op].trait not in _DISTINCT_TRAITS:
+            key = (node.op, node.inputs, node.attrs, node.shape, node.dtype)
+            try:
+                earlier = first.setdefault(key, node.name)
+            except TypeError:  # an attribute with no hash (a tensor): kept as it is
+                earlier = node.name
+            if earlier != node.name:
+                alias[node.name] = earlier
+                continue
+        result.add(node)
+    result.outputs = [alias.get(o, o) for o in graph.outputs]
     return result

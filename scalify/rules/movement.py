@@ -271,6 +271,13 @@ def rules() -> list[Rule]:
         Rule("expand-over-transpose-second-dim", "(expand (transpose x d e) e n)",
              "(transpose (expand x d n) d e)",
              lambda gen, c: {"x": tensor(gen, 1, 4, 3), "d": 0, "e": 1, "n": 5}),
+        # Two unit dims swapped are the same tensor, so a value broadcast over both is also
+        # the transpose of its broadcast in the other order (a norm's weight broadcast over
+        # [b, s, h] beside one over Megatron's [s, b, h]).
+        Rule("unit-dims-swapped", "u", "(transpose u d e)",
+             lambda gen, c: {"u": tensor(gen, 1, 1, 3), "d": 0, "e": 1, "m": 2, "n": 4},
+             when=("(< d e)", "(= (dimsize u d) 1)", "(= (dimsize u e) 1)"),
+             trigger="(expand (expand u d m) e n)"),
         Rule("expand-to-one", "(expand x d 1)", "x",
              lambda gen, c: {"x": tensor(gen, 4, 1, 3), "d": 1}),
         Rule("unsqueeze-order", "(unsqueeze (unsqueeze x d) e)", "(unsqueeze (unsqueeze x e) (+ d 1))",

@@ -239,6 +239,16 @@ def rules() -> list[Rule]:
              "(merge (transpose x d e) k i)",
              lambda gen, c: {"x": tensor(gen, 4, 5, 2, 3), "k": 2, "i": 3, "d": 0, "e": 1},
              when=("(< d e)", "(< e k)")),
+        # A broadcast along a dim a merge keeps passes the merge (a row max broadcast over the
+        # classes of rows merged to [b*s, v]).
+        Rule("expand-over-merge-later-dim", "(expand (merge x d i) k n)",
+             "(merge (expand x (+ k 1) n) d i)",
+             lambda gen, c: {"x": tensor(gen, 2, 3, 1), "d": 0, "i": 3, "k": 1, "n": 4},
+             when=("(> k d)",)),
+        Rule("expand-over-merge-earlier-dim", "(expand (merge x d i) k n)",
+             "(merge (expand x k n) d i)",
+             lambda gen, c: {"x": tensor(gen, 1, 2, 3), "d": 1, "i": 3, "k": 0, "n": 4},
+             when=("(< k d)",)),
         Rule("unsqueeze-below-unit-dim", "(unsqueeze x d)", "(unsqueeze x (- d 1))",
              lambda gen, c: {"x": tensor(gen, 4, 1, 3), "d": 2},
              when=("(> d 0)", "(= (dimsize x (- d 1)) 1)")),
@@ -409,6 +419,11 @@ FACT_RULES = (
     "(rule ((= t (rcat x d s)) (= w (world))) ((set (dimsize t d) (* s w))) :ruleset lemmas)",
     "(rule ((= t (rcat x d s)) (= n (dimsize x k)) (!= k d)) ((set (dimsize t k) n)) "
     ":ruleset lemmas)",
+    # a transpose swaps the sizes of its two dims and keeps the others
+    "(rule ((= t (transpose x d e)) (= n (dimsize x e))) ((set (dimsize t d) n)) :ruleset lemmas)",
+    "(rule ((= t (transpose x d e)) (= n (dimsize x d))) ((set (dimsize t e) n)) :ruleset lemmas)",
+    "(rule ((= t (transpose x d e)) (= n (dimsize x k)) (!= k d) (!= k e)) "
+    "((set (dimsize t k) n)) :ruleset lemmas)",
     # a merge of dims d and d+1 keeps the dims before d
     "(rule ((= t (merge x d i)) (= n (dimsize x k)) (< k d)) ((set (dimsize t k) n)) "
     ":ruleset lemmas)",

@@ -45,11 +45,27 @@ def _over_transpose(head: str, families: dict) -> list[Rule]:
     ]
 
 
+def _over_merge(head: str, families: dict) -> list[Rule]:
+    """A reduction (or normalisation) along a dim a merge keeps is the merge of the reduction
+    along that dim of the unmerged tensor (rows merged to [b*s, v] beside [s, b, v])."""
+    op = "reduce" if head == "reduce" else "softmax"
+    example = lambda k: lambda gen, c: {"x": tensor(gen, 2, 3, 4, 5), "d": 1, "i": 4, "k": k, **c}
+    return [
+        Rule(f"{head}-over-merge-later-dim", f"({op} f (merge x d i) k)",
+             f"(merge ({op} f x (+ k 1)) d i)", example(2), when=("(> k d)",),
+             families=families),
+        Rule(f"{head}-over-merge-earlier-dim", f"({op} f (merge x d i) k)",
+             f"(merge ({op} f x k) d i)", example(0), when=("(< k d)",), families=families),
+    ]
+
+
 def rules() -> list[Rule]:
     unsqueezed = lambda gen, c: {"x": tensor(gen, 3, 5), "d": 0, "k": 2, **c}
     return [
         *_over_transpose("reduce", {"f": REDUCTIONS}),
         *_over_transpose("normalize", {"f": NORMALIZATIONS}),
+        *_over_merge("reduce", {"f": REDUCTIONS}),
+        *_over_merge("normalize", {"f": NORMALIZATIONS}),
         Rule("reduce-over-unsqueeze", "(reduce f (unsqueeze x d) k)",
              "(unsqueeze (reduce f x (- k 1)) d)", unsqueezed, when=("(> k d)",),
              families={"f": REDUCTIONS}),

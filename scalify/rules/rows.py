@@ -59,6 +59,27 @@ def _regrouped(gen, choice):
     return {"a": a, "b": b, "c": c, "s": a + b}
 
 
+def _reshaped_rows(gen_shape: tuple[int, ...] = (2, 3)) -> list[Rule]:
+    """A pick of each row's target (and its gradient, put back at the target) is row-wise:
+    rows merged ([b*s, v]) or transposed ([s, b, v]) alike with their targets give the merged
+    or transposed picks."""
+    def picks(gen, choice):
+        return {"x": tensor(gen, *gen_shape, 5), "g": tensor(gen, *gen_shape),
+                "t": torch.randint(0, 5, gen_shape, generator=gen), "v": 5, "d": 0, "e": 1,
+                "i": gen_shape[1], "k": 2, "m": 1}
+
+    return [
+        Rule("take-over-merged-rows", "(take (merge x d i) (merge t d i) m)",
+             "(merge (take x t (+ m 1)) d i)", picks, when=("(< d m)",)),
+        Rule("take-over-transposed-rows", "(take (transpose x d e) (transpose t d e) k)",
+             "(transpose (take x t k) d e)", picks, when=("(< d k)", "(< e k)")),
+        Rule("untake-over-merged-rows", "(untake (merge g d i) (merge t d i) v m)",
+             "(merge (untake g t v (+ m 1)) d i)", picks, when=("(< d m)",)),
+        Rule("untake-over-transposed-rows", "(untake (transpose g d e) (transpose t d e) v k)",
+             "(transpose (untake g t v k) d e)", picks, when=("(< d k)", "(< e k)")),
+    ]
+
+
 def rules() -> list[Rule]:
     return [
         # A rank adding up its micro-batches' partial results (e.g. token counts).
@@ -121,6 +142,7 @@ def rules() -> list[Rule]:
              "(concat (untake (expand z d na) t1 v k) (untake (expand z d nb) t2 v k) d na nb)",
              lambda gen, c: {**_tokens(gen, c), "z": tensor(gen, 1, 3), "n": 3, "k": 2},
              when=("(< d k)",)),
+        *_reshaped_rows(),
         Rule("embedding-grad-over-concat-tokens",
              "(embedding_grad (concat a b d na nb) (concat t1 t2 d na nb) v)",
              '(binary "add" (embedding_grad a t1 v) (embedding_grad b t2 v))', _grads),

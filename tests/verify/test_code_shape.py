@@ -79,14 +79,8 @@ def _verify(spelling: str):
         output_placements=[scalify.Replicate()], numeric=True)
 
 
-SEQ_FIRST_GAP = pytest.mark.xfail(strict=True, reason=(
-    "known gap: a rank in Megatron's [seq, batch, hidden] layout against a [batch, seq, hidden] "
-    "reference; the first product and its bias are related, the second product, contracting "
-    "the transposed rows' rank-sharded dim, is not yet"))
-
-
 @pytest.mark.parametrize("spelling", ["bias_after_reduce", "bias_after_reduce_2d", "mm_plus_add",
-                                      pytest.param("seq_first", marks=SEQ_FIRST_GAP), "einsum",
+                                      "seq_first", "einsum",
                                       "chunked_weights", "in_place"])
 def test_the_same_math_written_another_way_verifies(spelling):
     report = _verify(spelling)

@@ -54,14 +54,15 @@ def without_double_transposes(graph: Graph) -> Graph:
 
 def without_repeats(graph: Graph) -> Graph:
     """The graph with every repeated pure application replaced by its first (its users read
-    that one instead)."""
+    that one instead), within one module: the windows that relate a layer's ops look only at
+    that layer's, so identical layers keep their own copies."""
     alias: dict[str, str] = {}
     first: dict[tuple, str] = {}
     result = Graph()
     for node in graph:
         node = replace(node, inputs=tuple(alias.get(i, i) for i in node.inputs))
         if node.op not in _DISTINCT_OPS and OPS[node.op].trait not in _DISTINCT_TRAITS:
-            key = (node.op, node.inputs, node.attrs, node.shape, node.dtype)
+            key = (node.op, node.inputs, node.attrs, node.shape, node.dtype, node.source.module)
             try:
                 earlier = first.setdefault(key, node.name)
             except TypeError:  # an attribute with no hash (a tensor): kept as it is

@@ -41,6 +41,7 @@ _CAPTURE_DIR = os.path.dirname(__file__)
 # Decorators' wrappers (`typing_extensions.deprecated` wraps torch.distributed's old names):
 # their frames stand for the line that called them.
 _WRAPPERS = frozenset(module.__file__ for module in (contextlib, functools, typing_extensions))
+LITERAL_ELEMENTS = 4096  # a constant the program reads is written into it up to this size
 _POINT_TO_POINT = ("send", "recv_")  # lowered in aten.py; every other c10d op is a collective
 _VARYING = (RANDOM, COLLECTIVE, POINT_TO_POINT)  # op traits whose values no program text fixes
 _COLLECTIVE_GROUP_ARG = {"all_reduce": 2, "all_gather_into_tensor": 2, "reduce_scatter_tensor": 3,
@@ -216,7 +217,7 @@ class _Recorder(TorchDispatchMode):
             pass
 
     def _literal(self, tensor: torch.Tensor) -> Ref:
-        if tensor.is_meta or tensor.numel() > 4096:
+        if not held_as_literal(tensor):
             raise CaptureError(f"a tensor of shape {tuple(tensor.shape)} was used that is neither an "
                                "input, a parameter, a buffer nor computed from them")
         with _disable_current_modes():  # (reading the value records nothing)
@@ -460,6 +461,21 @@ def _module_names(module: torch.nn.Module) -> dict[int, str]:
     return {id(m): name for name, m in module.named_modules()}
 
 
+def held_as_literal(tensor: torch.Tensor) -> bool:
+    """Whether a value the program reads but does not compute can be written into it."""
+    return not tensor.is_meta and tensor.numel() <= LITERAL_ELEMENTS
+
+
+def _built_buffers(module: torch.nn.Module) -> set[str]:
+    """Buffers the modules build for themselves (registered non-persistent, so no checkpoint
+    holds them: a rotary table, inverse frequencies), where their values can be written into
+    the program: constants of the program, not inputs, so the reference's table and a rank's
+    table of the same values are one value whatever each is named."""
+    return {f"{prefix}.{name}" if prefix else name
+            for prefix, sub in module.named_modules() for name in sub._non_persistent_buffers_set
+            if sub._buffers.get(name) is not None and held_as_literal(sub._buffers[name])}
+
+
 def capture(module: torch.nn.Module, call: Callable[[], Any], inputs: dict[str, torch.Tensor],
             group_ranks: Callable[[str], tuple[int, ...]] = lambda name: (),
             grad: bool = False) -> Graph:
@@ -473,7 +489,8 @@ def capture(module: torch.nn.Module, call: Callable[[], Any], inputs: dict[str, 
     sources = SourceTracker(_module_names(module))
     recorder = _Recorder(builder, sources, group_ranks)
     leaves = [("param", n, t) for n, t in module.named_parameters()]
-    leaves += [("buffer", n, t) for n, t in module.named_buffers()]
+    built = _built_buffers(module)
+    leaves += [("buffer", n, t) for n, t in module.named_buffers() if n not in built]
     leaves += [("input", n, t) for n, t in inputs.items()]
     for kind, name, tensor in leaves:
         tensor = local_tensor(tensor)

@@ -5,6 +5,7 @@ from .base import Rule
 from .examples import concat_parts, tensor
 from .families import (ADDITIVE, BINARY_KEYS, COMMUTATIVE, LINEAR_UNARY_KEYS, SCALES_LEFT,
                        SCALES_RIGHT, UNARY_KEYS, share_keys)
+from .terms import evaluate, parse
 
 SHAPE = (3, 4, 5)
 
@@ -29,6 +30,14 @@ def _psum_example(gen, choice):
 def _bias_into_one_part(gen, choice):
     env = {**_psum_example(gen, choice), "u": tensor(gen, 3, 1, 5), "d": 1, "n": SHAPE[1]}
     return {**env, "z": env["a"] + env["u"].expand(SHAPE)}
+
+
+HALF_PART = "(binary f a (unary h y))"
+
+
+def _half_part_example(gen, choice):
+    env = _psum_example(gen, choice)
+    return {**env, "z": evaluate(parse(HALF_PART), env)}
 
 
 def _shape_op_rules() -> list[Rule]:
@@ -158,9 +167,11 @@ def rules() -> list[Rule]:
              _bias_into_one_part, when=('(= z (binary "add" a (expand u d n)))',)),
         # A value added to (or taken from) a partial sum of two parts, half to each part
         # (DTensor's Replicate operand of an add with a Partial one, over a group of two).
+        # Only where a rank computed its part so: every sum of a psum and a value split in
+        # halves multiplies the e-graph of a backward window (a gradient averaged over two).
         Rule("halves-into-parts", "(binary f (psum a b) y)",
-             "(psum (binary f a (unary h y)) (binary f b (unary h y)))", _psum_example,
-             when=("(additive f)", "(halves h)"),
+             "(psum (binary f a (unary h y)) (binary f b (unary h y)))", _half_part_example,
+             when=("(additive f)", "(halves h)", f"(= z {HALF_PART})"),
              families={"f": ADDITIVE, "h": tuple(sorted(share_keys(2)))}),
         Rule("scaling-over-psum-left", "(binary f (psum a b) y)",
              "(psum (binary f a y) (binary f b y))", _psum_example, when=("(scales_left f)",),

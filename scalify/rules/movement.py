@@ -90,6 +90,10 @@ def _slice_rules() -> list[Rule]:
                 ("(!= d d2)", "(!= d e2)"), _sliced(d=1, s=2, e=5, d2=0, e2=3)),
         outward("unary-slice", "unary f {x}", "unary f x", "d", (),
                 lambda gen, c: {**_sliced(d=1, s=2, e=5)(gen, c), "f": "exp"}),
+        # Of two slices, the one along the lower dim outermost (a rank's chunk of a table
+        # built whole, then cut into its halves, is a slice of the reference's halves).
+        outward("slice-slice-lower", "slice {x} k s2 e2", "slice x k s2 e2", "d", ("(< d k)",),
+                _sliced(d=1, s=2, e=5, k=3, s2=1, e2=2)),
         # Only for operands of one size along d: equal slices of a rank's own rows and of a
         # whole table are equal values, but the op on the unsliced operands is ill-typed.
         Rule("binary-slices", "(binary f (slice x d s e) (slice y d s e))",

@@ -25,6 +25,7 @@ from ..report.model import Discrepancy
 from ..rules.families import LINEAR_UNARY_OPS, WINDOW_TRAITS
 from ..rules.terms import (App, Term, is_relational, leaves, op_key, parse, reads_dim_counts,
                             render, shape_facts)
+from .constants import ConstantOrigins
 from .congruence import broadcast_term, rank_concat_relation, replicated_twins
 from .custom import custom_output_terms, custom_relation, family_custom_relation
 from .encode import encode
@@ -122,6 +123,10 @@ class Verifier:
         for name, term in self.dist_const.items():
             self.const_nodes.setdefault(term, set()).add(name)
         self.ref_const = constant_terms(ref)
+        self.ref_const_terms = set(self.ref_const.values())
+        self.constants = ConstantOrigins()
+        self.constants.add(dist.graph, self.dist_const)
+        self.constants.add(ref, self.ref_const)
         self.dist_opaque = opaque_dependents(dist.graph)  # rank values nothing is known about
         self.region = {n.name: region_of(n.source.module) for n in dist.graph}
         self.labels = {n.name: _label(n, "every rank" if dist.symbolic else
@@ -530,12 +535,14 @@ class Verifier:
         return encode(node, args, [self.dist.graph[a].shape for a in node.inputs])
 
     def _sizes(self, lines: list[str]) -> list[str]:
-        """The dim sizes of every rank tensor `lines` name (size-dependent rules read them)."""
+        """The dim sizes of every rank tensor and constant `lines` name (size-dependent rules
+        read them), and where those constants come from."""
         text = "\n".join(lines)
         names = dict.fromkeys(_LEAF_NAME.findall(text))  # in order of appearance
         counts = reads_dim_counts(text)
-        return [fact for name in names
-                for fact in shape_facts(leaf(name), self.dist.graph[name].shape, counts)]
+        return [*(fact for name in names
+                  for fact in shape_facts(leaf(name), self.dist.graph[name].shape, counts)),
+                *self.constants.facts(text, counts)]
 
     # Outputs.
 
@@ -675,7 +682,8 @@ class Verifier:
         tensors the saturation found depend on, back to the rank tensors equal to the
         reference op's inputs, or to tensors equal to other reference values (read in their
         place: a swapped chunk), nearest first, at most `limit` lines other than the blamed
-        op's. A wrong slice, chunk order, shard or scaling upstream shows here."""
+        op's. A wrong slice, chunk order, shard or scaling upstream shows here, and so do
+        the rank's own constants the reference has none of (a table cut at the wrong rows)."""
         expected = {name for relation in inputs for name in relation.leaf_names()}
         known = {name for relation in relations.values() if relation is not None
                  for name in relation.leaf_names()}
@@ -690,8 +698,8 @@ class Verifier:
             if name in known and name not in starts:
                 continue  # another reference value, read in place of this op's input
             for arg in node.inputs:
-                if arg not in seen and arg not in expected and arg not in self.dist_const and (
-                        self.dist.graph[arg].op != "placeholder"):
+                if arg not in seen and arg not in expected and self.dist_const.get(arg) not in (
+                        self.ref_const_terms) and self.dist.graph[arg].op != "placeholder":
                     seen.add(arg)
                     queue.append(arg)
         return lines[1:]

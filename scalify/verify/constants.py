@@ -1,0 +1,84 @@
+"""Where a program's constants come from, and their shapes, as facts a window may state.
+
+A constant is a `(const "key")` leaf named by its value, so the reference's table and a rank's
+table of the same values are one term. A constant cut or rearranged from another one (a rank's
+chunk of a rotary table built whole, then viewed and split into its cos and sin halves) has a
+value of its own, and its leaf alone says nothing of the whole table it came from. Its origin,
+the movement op applied to the source constant's term, says that: stated where the leaf
+appears, each rank's chunk is a slice of the reference's table. A constant computed on its
+own (a rank's causal mask from its own query positions) whose value is a block of another
+one's (the reference's whole mask) is that block's slice: checked on the values.
+"""
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass, field
+
+import torch
+
+from ..ir.distributed import constant_values
+from ..ir.graph import Graph
+from ..ir.ops import MOVEMENT, OPS
+from ..rules.terms import shape_facts
+from .encode import encode
+
+_CONST = re.compile(r'\(const "[0-9a-f]+"\)')
+
+
+@dataclass
+class ConstantOrigins:
+    """The origins (movement ops over other constants' terms), shapes and values of constant
+    leaves."""
+
+    origins: dict[str, set[str]] = field(default_factory=dict)
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    values: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def add(self, graph: Graph, terms: dict[str, str]) -> None:
+        """The constant leaves of `graph`, whose node terms are `terms`."""
+        values = constant_values(graph)
+        for node in graph:
+            term = terms.get(node.name)
+            if term is None or not _CONST.fullmatch(term):
+                continue
+            self.shapes[term] = node.shape
+            if values.get(node.name) is not None:
+                self.values[term] = values[node.name]
+            if (OPS[node.op].trait != MOVEMENT or not node.inputs
+                    or any(i not in terms for i in node.inputs)):
+                continue
+            origin = encode(node, [terms[i] for i in node.inputs],
+                            [graph[i].shape for i in node.inputs])
+            if origin != term:
+                self.origins.setdefault(term, set()).add(origin)
+
+    def facts(self, text: str, counts: bool) -> list[str]:
+        """The shape of every constant leaf in `text` and its unions with its origins, and
+        the same of the leaves those name in turn; then which of them are blocks of others."""
+        facts, seen = [], {}
+        pending = _CONST.findall(text)
+        while pending:
+            term = pending.pop()
+            if term in seen:
+                continue
+            seen[term] = None
+            facts += shape_facts(term, self.shapes[term], counts) if term in self.shapes else []
+            for origin in sorted(self.origins.get(term, ())):
+                facts.append(f"(union {term} {origin})")
+                pending += _CONST.findall(origin)
+        return facts + [f"(union {part} (slice {whole} {dim} {start} {start + size}))"
+                        for part, whole in itertools.permutations(seen, 2)
+                        for dim, start, size in self._block(part, whole)]
+
+    def _block(self, part: str, whole: str) -> list[tuple[int, int, int]]:
+        """(dim, start, size) where `part`'s value is `whole`'s along one dim, if it is."""
+        small, large = self.values.get(part), self.values.get(whole)
+        if small is None or large is None or small.dtype != large.dtype or small.dim() != large.dim():
+            return []
+        cut = [d for d in range(small.dim()) if small.shape[d] != large.shape[d]]
+        if len(cut) != 1 or small.shape[cut[0]] > large.shape[cut[0]]:
+            return []
+        dim, size = cut[0], small.shape[cut[0]]
+        return [(dim, start, size) for start in range(large.shape[dim] - size + 1)
+                if torch.equal(large.narrow(dim, start, size), small)][:1]

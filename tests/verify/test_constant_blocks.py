@@ -1,0 +1,97 @@
+"""Constants a rank cuts from a table built whole, or computes for its own rows, relate to the
+reference's: each rank's chunk of a rotary table (viewed, then split into halves) is a slice of
+the reference's halves, and a rank's causal mask from its own query positions is a block of the
+reference's whole mask. Every rank taking the first chunk is caught, and the line that cut it
+is on the report's path."""
+import inspect
+
+import pytest
+import torch
+from torch import nn
+
+import scalify
+from scalify.ir.distributed import constant_terms
+from scalify.ir.graph import Graph, Node
+from scalify.verify.constants import ConstantOrigins
+
+SEQ, DIM, WORLD = 8, 4, 2
+
+
+class Rotary(nn.Module):
+    """Scales each position's pairs by a table's cos and sin halves, then adds a causal mask
+    (rows: query positions, columns: key positions)."""
+
+    def __init__(self, rank: int | None = None) -> None:
+        super().__init__()
+        self.rank = rank
+        angles = torch.arange(SEQ * DIM // 2, dtype=torch.float32).reshape(SEQ, DIM // 2) / 7
+        self.register_buffer("table", torch.stack([angles.cos(), angles.sin()], -1),
+                             persistent=False)
+
+    def rows(self, seq: int) -> torch.Tensor:
+        return self.table.chunk(WORLD)[self.rank] if self.rank is not None else self.table
+
+    def forward(self, x):
+        seq = x.shape[1]
+        table = self.rows(seq).view(1, seq, DIM // 2, 2)
+        pairs = x.view(*x.shape[:-1], DIM // 2, 2)
+        cos, sin = table[..., 0], table[..., 1]
+        out = torch.stack([pairs[..., 0] * cos - pairs[..., 1] * sin,
+                           pairs[..., 0] * sin + pairs[..., 1] * cos], -1).flatten(2)
+        first = 0 if self.rank is None else self.rank * seq
+        mask = torch.arange(first, first + seq)[:, None] >= torch.arange(SEQ)[None, :]
+        return out.sum(-1, keepdim=True) + mask.float()
+
+
+class FirstRows(Rotary):
+    """Every rank takes the table's first rows, whatever its share of the sequence."""
+
+    def rows(self, seq: int) -> torch.Tensor:
+        return self.table[:seq]
+
+
+def _verify(rank_module):
+    return scalify.verify_modules(
+        reference=Rotary(), rank_module_factory=lambda rank: rank_module(rank), world_size=WORLD,
+        example_inputs={"x": torch.randn(2, SEQ, DIM)},
+        input_placements={"x": scalify.Shard(1)}, output_placements=[scalify.Shard(1)],
+        numeric=True)
+
+
+def test_each_rank_s_chunk_of_a_table_and_its_own_mask_rows_verify():
+    report = _verify(Rotary)
+    assert report.verdict == "verified" and report.numeric["agrees"]
+
+
+def test_every_rank_taking_the_first_rows_is_caught_and_the_cut_is_on_the_path():
+    report = _verify(FirstRows)
+    assert report.verdict == "discrepancy" and not report.numeric["agrees"]
+    lines, start = inspect.getsourcelines(FirstRows.rows)
+    cut = start + next(i for i, text in enumerate(lines) if "self.table[:seq]" in text)
+    assert (inspect.getsourcefile(FirstRows), cut) in report.discrepancies[0].lines()
+
+
+def _constants(*values: torch.Tensor) -> tuple[ConstantOrigins, list[str]]:
+    graph = Graph()
+    for i, value in enumerate(values):
+        graph.add(Node(f"c{i}", "literal", (), (("dtype", "float32"), ("shape", tuple(value.shape)),
+                                                 ("values", tuple(value.reshape(-1).tolist()))),
+                       tuple(value.shape), "float32"))
+    terms = constant_terms(graph)
+    constants = ConstantOrigins()
+    constants.add(graph, terms)
+    return constants, [terms[f"c{i}"] for i in range(len(values))]
+
+
+@pytest.mark.parametrize("start", [0, 3])
+def test_a_constant_whose_values_are_rows_of_another_is_their_slice(start):
+    whole = torch.arange(12.0).reshape(6, 2)
+    constants, (big, small) = _constants(whole, whole[start:start + 3])
+    facts = constants.facts(f"{big} {small}", counts=False)
+    assert f"(union {small} (slice {big} 0 {start} {start + 3}))" in facts
+    assert f"(set (dimsize {big} 0) 6)" in facts
+
+
+def test_a_constant_of_other_values_is_no_block():
+    constants, (big, small) = _constants(torch.arange(12.0).reshape(6, 2), torch.ones(3, 2))
+    assert not [f for f in constants.facts(f"{big} {small}", counts=False) if "union" in f]

@@ -25,6 +25,7 @@ from .errors import CaptureError, ShapeError
 from .ir.assumptions import ValueRange, assuming
 from .ir.distributed import merge_ranks
 from .ir.graph import Graph
+from .ir.ops import MOVEMENT, OPS
 from .ir.scaling import pushed_scales, scaling_nodes
 from .ir.simplify import simplified
 from .ir.symmetry import symbolic_program
@@ -141,6 +142,19 @@ class _Attempt:
         return moved if moved.verified or moved.result.discrepancies else self
 
 
+def _at_scaling(graph: Graph, name: str) -> bool:
+    """Whether node `name` scales a value, or a scaling reads its value (moved or not)."""
+    scalings, users = scaling_nodes(graph), graph.users()
+    reached = [name]
+    while reached:
+        current = reached.pop()
+        if current in scalings:
+            return True
+        reached += [user for user in users.get(current, ())
+                    if user in scalings or OPS[graph[user].op].trait == MOVEMENT]
+    return False
+
+
 def _rewritten(before: Graph, after: Graph) -> bool:
     return [(n.name, n.op, n.inputs) for n in before] != [(n.name, n.op, n.inputs) for n in after]
 
@@ -170,10 +184,11 @@ def verify_graphs(ref_graph: Graph, rank_graphs: list[Graph], placements: dict[s
     executor = executor or InlineExecutor()
     attempt.run(executor, options, placements, outputs, progress, "verify")
     first = attempt.result.discrepancies[:1]
-    if first and first[0].ref_node in scaling_nodes(ref_graph):
+    if first and _at_scaling(ref_graph, first[0].ref_node):
         # The same math may scale at other places on the ranks (a mean per rank, then a sum
-        # over ranks): when the first discrepancy is at a scaling, a second attempt with every
-        # scalar factor moved to where it matters.
+        # over ranks; a query and a key scaled before their product, its scores after): when
+        # the first discrepancy is at a scaling, or at the value one reads, a second attempt
+        # with every scalar factor moved to where it matters.
         scaled_ref, *scaled_ranks = pushed_scales([ref_graph]) + pushed_scales(rank_graphs)
         if any(map(_rewritten, [ref_graph, *rank_graphs], [scaled_ref, *scaled_ranks])):
             moved = _Attempt.of(scaled_ref, scaled_ranks, placements, options, False, moved=True)

@@ -395,9 +395,13 @@ def _math_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
                     is_causal: bool = False, scale: float | None = None,
                     enable_gqa: bool = False) -> torch.Tensor | None:
-    """`F.scaled_dot_product_attention` as PyTorch's math version; None with dropout."""
+    """`F.scaled_dot_product_attention` as PyTorch's math version; None with dropout. A boolean
+    mask (True: attend) becomes the additive one the public function makes of it: the math
+    version itself would add the booleans as numbers."""
     if dropout_p:
         return None
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        attn_mask = torch.where(attn_mask.logical_not(), float("-inf"), 0.0).to(query.dtype)
     return torch.ops.aten._scaled_dot_product_attention_math(
         query, key, value, attn_mask, 0.0, is_causal, scale=scale, enable_gqa=enable_gqa)[0]
 

@@ -27,6 +27,7 @@ SCALINGS = frozenset({"mul_scalar", "div_scalar"})  # the ops that scale by a Py
 FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
 ONE = Fraction(1)
 _DENOMINATOR_LIMIT = 1 << 24  # 1/3 written as a float is the fraction 1/3
+_PRODUCT_TOLERANCE = Fraction(1, 1 << 50)  # relative: a product of rounded factors, 4 ulps
 
 # Ops that pass one factor from the listed inputs to their output: all listed inputs must bring
 # the same factor (a zero constant brings any). Unlisted inputs (indices, conditions) keep theirs.
@@ -65,6 +66,14 @@ def _fraction(value: float) -> Fraction | None:
     exact = Fraction(value)
     simple = exact.limit_denominator(_DENOMINATOR_LIMIT)
     return simple if float(simple) == float(value) else exact
+
+
+def _snapped(factor: Fraction) -> Fraction:
+    """A product of factors as the simplest fraction within a few float64 ulps of it, if one
+    is: a scale applied as its square root to both operands of a product (as PyTorch's
+    attention does to the query and the key) is that scale, as the math written means."""
+    simple = factor.limit_denominator(_DENOMINATOR_LIMIT)
+    return simple if abs(simple - factor) <= abs(factor) * _PRODUCT_TOLERANCE else factor
 
 
 def scalar_factor(node: Node) -> Fraction | None:
@@ -215,6 +224,9 @@ class _Pusher:
             return (0,), False
         if node.op in ("pad", "masked_fill") and node.attr("value") == 0:
             return (0,), False
+        if (node.op == "masked_fill" and node.attr("value") in (math.inf, -math.inf)
+                and self.scaled[node.inputs[0]].factor > 0):  # (a causal mask of scores)
+            return (0,), False
         if node.op == "send" and self.received is not None:
             return (0,), False
         if node.op in ("all_reduce", "reduce_scatter") and node.attr("reduce", "sum") == "sum":
@@ -254,7 +266,7 @@ class _Pusher:
             if index in linear and value.factor != ONE and not source.file:
                 source = value.source
         self.out.add(replace(node, inputs=tuple(inputs)))
-        return Scaled(node.name, factor, source)
+        return Scaled(node.name, _snapped(factor), source)
 
     def _written_parts(self, value: Scaled, module: str) -> str:
         """A bucket's value: each part sliced from its core, times its factor, joined again."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .graph import Graph, Node
+from .masks import masks_as_fills
 from .ops import COLLECTIVE, OPS, PLACEHOLDER, POINT_TO_POINT, RANDOM
 
 # Applications that are values of their own however they were called: inputs, draws, exchanges
@@ -18,8 +19,9 @@ _DISTINCT_OPS = frozenset({"opaque"})
 
 
 def simplified(graph: Graph) -> Graph:
-    """The graph without transpose round trips and repeated applications."""
-    return without_repeats(without_double_transposes(graph))
+    """The graph without transpose round trips and repeated applications, its attention masks
+    as fills (`masks.py`)."""
+    return without_repeats(masks_as_fills(without_double_transposes(graph)))
 
 
 def _dims(node: Node) -> frozenset[int]:

@@ -42,6 +42,10 @@ CASES = {
     "var_mean over two dims": lambda x: torch.var_mean(x, dim=(0, 1)),
     "layer_norm over two dims": lambda x: F.layer_norm(x, (4, 6)),
     "_safe_softmax": lambda x: torch.ops.aten._safe_softmax(x, -1),
+    "attention with a boolean mask": lambda x: F.scaled_dot_product_attention(
+        x[None], x[None], x[None], attn_mask=torch.ones(4, 4, dtype=torch.bool).tril()),
+    "causal attention": lambda x: F.scaled_dot_product_attention(x[None], x[None], x[None],
+                                                                 is_causal=True),
     "clamp": lambda x: x.clamp(-0.5, 0.5),
     "where with a scalar": lambda x: torch.where(x > 0, x, 0.0),
     "one pick per row by indexing": lambda x: x[torch.arange(4), torch.tensor([5, 0, 3, 1])],

@@ -68,6 +68,36 @@ def test_a_nonlinear_op_reads_the_scaled_value() -> None:
     assert graph[scaled.inputs[0]].op == "matmul" and graph[scaled.inputs[0]].inputs == ("x", "w")
 
 
+def _query_key_scores(fill=None) -> Graph:
+    """Attention's scores as PyTorch's attention writes them: the query and the key each
+    scaled by the square root of 1/2, then (optionally) filled where a mask says, then exp."""
+    b = GraphBuilder()
+    root = 0.5 ** 0.5
+    q = b.emit("mul_scalar", [b.emit_placeholder("q", "input", (2, 3), "float32")], value=root)
+    k = b.emit("mul_scalar", [b.emit_placeholder("k", "input", (3, 2), "float32")], value=root)
+    scores = b.emit("matmul", [q, k])
+    if fill is not None:
+        mask = b.emit_placeholder("m", "input", (2, 2), "bool")
+        scores = b.emit("masked_fill", [scores, mask], value=fill)
+    b.graph.outputs = [b.emit("exp", [scores]).name]
+    return b.graph
+
+
+def test_a_scale_split_as_square_roots_of_a_product_is_the_scale() -> None:
+    graph = pushed_scales([_query_key_scores()])[0]
+    scaled = graph[_output(graph).inputs[0]]
+    assert (scaled.op, scaled.attr("value")) == ("mul_scalar", 0.5)
+
+
+def test_a_fill_of_minus_infinity_passes_a_positive_factor_and_keeps_another() -> None:
+    graph = pushed_scales([_query_key_scores(float("-inf"))])[0]
+    scaled = graph[_output(graph).inputs[0]]
+    assert (scaled.op, scaled.attr("value")) == ("mul_scalar", 0.5)
+    assert graph[scaled.inputs[0]].op == "masked_fill"
+    filled = pushed_scales([_query_key_scores(1.0)])[0]
+    assert filled[_output(filled).inputs[0]].op == "masked_fill"  # 1.0 does not scale
+
+
 def test_a_product_with_a_uniform_constant_is_a_factor() -> None:
     b = GraphBuilder()
     x = b.emit_placeholder("x", "input", (2, 3), "float32")

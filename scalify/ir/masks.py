@@ -1,0 +1,148 @@
+"""Attention masks written another way are one mask.
+
+PyTorch's attention (`scaled_dot_product_attention` lowered by its own decompositions) adds a
+mask of zeros and -inf to the scores and takes a safe softmax, which gives zeros instead of NaN
+on rows the mask covers whole. Code written by hand fills the scores with -inf where a boolean
+mask says and takes a plain softmax. Two passes make the first the second:
+
+- an additive mask (a constant of zeros and -inf, perhaps broadcast) is a fill of -inf where
+  the constant is -inf, its boolean mask broadcast as the constant was;
+- the safe softmax's test for rows masked whole is false where every row of the scores keeps a
+  finite entry: scores computed from no infinite value but a mask's fill, by a constant mask
+  that leaves each row an entry (checked on its value). Then each `where` choosing by that
+  test is its third operand, and the softmax is a plain one, forward and backward.
+
+Values are taken as real numbers, as everywhere in the proof: only a written -inf is infinite.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import torch
+
+from .distributed import constant_values
+from .graph import Graph, Node
+from .ops import MOVEMENT, OPS, SOFTMAX
+
+_BROADCASTS = frozenset({"expand", "unsqueeze"})
+
+
+def masks_as_fills(graph: Graph) -> Graph:
+    """The graph with additive masks as fills, and safe softmaxes of finite rows plain."""
+    return without_masked_row_guards(additive_masks_as_fills(graph))
+
+
+def additive_masks_as_fills(graph: Graph) -> Graph:
+    """Each `add` of a value and a constant of zeros and -inf as a `masked_fill` of -inf."""
+    values = constant_values(graph)
+    result = Graph()
+    for node in graph:
+        operands = _masked_operand(graph, node, values)
+        if operands is None:
+            result.add(node)
+            continue
+        scores, mask = operands
+        base, broadcasts = _broadcast_chain(graph, mask, values)
+        fill = result.add(Node(f"{node.name}.mask", "eq_scalar", (base,), (("value", -math.inf),),
+                               graph[base].shape, "bool", node.source))
+        for k, broadcast in enumerate(broadcasts):
+            fill = result.add(replace(broadcast, name=f"{node.name}.mask{k}",
+                                      inputs=(fill.name,), dtype="bool", source=node.source))
+        result.add(Node(node.name, "masked_fill", (scores, fill.name), (("value", -math.inf),),
+                        node.shape, node.dtype, node.source))
+    result.outputs = list(graph.outputs)
+    return result.pruned() if len(result) != len(graph) else result
+
+
+def _masked_operand(graph: Graph, node: Node, values: dict) -> tuple[str, str] | None:
+    """(the scores, the mask) of an add of a non-constant value and a constant of zeros and
+    -inf of the add's shape, or None."""
+    if node.op != "add" or len(node.inputs) != 2:
+        return None
+    for mask, scores in (node.inputs, node.inputs[::-1]):
+        value = values.get(mask)
+        if (value is not None and scores not in values and value.is_floating_point()
+                and graph[mask].shape == node.shape == graph[scores].shape
+                and bool(((value == 0) | (value == -math.inf)).all())
+                and bool((value == -math.inf).any())):
+            return scores, mask
+    return None
+
+
+def _broadcast_chain(graph: Graph, name: str, values: dict) -> tuple[str, list[Node]]:
+    """The constant `name` as broadcasts of an earlier constant: (that one, the broadcasts
+    from it to `name`)."""
+    chain: list[Node] = []
+    node = graph[name]
+    while node.op in _BROADCASTS and node.inputs[0] in values:
+        chain.append(node)
+        node = graph[node.inputs[0]]
+    return node.name, chain[::-1]
+
+
+def without_masked_row_guards(graph: Graph) -> Graph:
+    """The graph with each `where` that chooses by a safe softmax's test for rows masked
+    whole, where no row is, replaced by its third operand (its users read that instead)."""
+    values = constant_values(graph)
+    finite = _finite_values(graph)
+    alias: dict[str, str] = {}
+    result = Graph()
+    for node in graph:
+        node = replace(node, inputs=tuple(alias.get(i, i) for i in node.inputs))
+        if node.op == "where" and _never_masked_whole(graph, node.inputs[0], values, finite):
+            alias[node.name] = node.inputs[2]
+            continue
+        result.add(node)
+    result.outputs = [alias.get(o, o) for o in graph.outputs]
+    return result.pruned() if alias else result
+
+
+def _finite_values(graph: Graph) -> set[str]:
+    """The nodes computed from no written infinity (a softmax's probabilities are finite
+    whatever its scores)."""
+    finite: set[str] = set()
+    for node in graph:
+        written = [v for k, v in node.attrs if k in ("value", "values")]
+        infinite = any(isinstance(v, float) and math.isinf(v) for v in written) or any(
+            isinstance(v, tuple) and any(isinstance(x, float) and math.isinf(x) for x in v)
+            for v in written)
+        if OPS[node.op].trait == SOFTMAX or not infinite and all(i in finite for i in node.inputs):
+            finite.add(node.name)
+    return finite
+
+
+def _never_masked_whole(graph: Graph, name: str, values: dict, finite: set[str]) -> bool:
+    """Whether `name` is a safe softmax's test that a row of its scores is -inf throughout
+    (not any(scores != -inf) along the softmax dim, perhaps broadcast), and no row is."""
+    node = graph[name]
+    while node.op == "expand":
+        node = graph[node.inputs[0]]
+    chain = []
+    for op in ("logical_not", "ne_scalar", "sum", "cast", "logical_not", "eq_scalar"):
+        if node.op != op or not node.inputs:
+            return False
+        chain.append(node)
+        node = graph[node.inputs[0]]
+    test, total, infinite = chain[1], chain[2], chain[5]
+    if test.attr("value") != 0 or infinite.attr("value") != -math.inf:
+        return False
+    return _rows_keep_an_entry(graph, infinite.inputs[0], total.attr("dim"), values, finite)
+
+
+def _rows_keep_an_entry(graph: Graph, name: str, dim: int, values: dict,
+                        finite: set[str]) -> bool:
+    """Whether every row of `name` along `dim` holds a finite value: it is finite, or a fill
+    of -inf of a finite value by a constant mask that leaves each row an entry."""
+    node = graph[name]
+    while node.op in ("mul_scalar", "div_scalar") and node.attr("value") > 0 or node.op == "cast":
+        node = graph[node.inputs[0]]
+    if node.name in finite:
+        return True
+    if node.op != "masked_fill" or node.inputs[0] not in finite:
+        return False
+    mask = values.get(node.inputs[1])
+    if mask is None:
+        return False
+    kept = ~torch.broadcast_to(mask.bool(), node.shape)
+    return bool(kept.any(dim).all())

@@ -1,0 +1,79 @@
+"""Head-parallel attention whose ranks call PyTorch's `scaled_dot_product_attention` (which
+scales the query and the key by the scale's square root, adds a mask of zeros and -inf and
+takes a safe softmax) against a reference written by hand (scores divided by the scale, filled
+with -inf above the diagonal, a plain softmax): the same math, forward and backward. A rank
+attending causally where the reference does not, or the other way round, is caught."""
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+import scalify
+
+HIDDEN, HEADS, HEAD_DIM, WORLD = 16, 4, 4, 2
+
+
+class Attention(nn.Module):
+    def __init__(self, causal: bool, heads: int = HEADS) -> None:
+        super().__init__()
+        self.causal, self.heads = causal, heads
+        self.qkv = nn.Linear(HIDDEN, 3 * heads * HEAD_DIM, bias=False)
+        self.out = nn.Linear(heads * HEAD_DIM, HIDDEN, bias=False)
+
+    def heads_of(self, x):
+        b, s, _ = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.heads, HEAD_DIM).unbind(2)
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+    def forward(self, x):
+        q, k, v = self.heads_of(x)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(HEAD_DIM)
+        if self.causal:
+            keep = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool).tril()
+            scores = scores.masked_fill(~keep, float("-inf"))
+        return self.out((scores.softmax(-1) @ v).transpose(1, 2).flatten(2))
+
+
+class SdpaAttention(Attention):
+    """A rank's heads through `F.scaled_dot_product_attention`, its output projection's
+    partial sums all-reduced."""
+
+    def __init__(self, causal: bool) -> None:
+        super().__init__(causal, HEADS // WORLD)
+
+    def forward(self, x):
+        q, k, v = self.heads_of(x)
+        attended = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        out = self.out(attended.transpose(1, 2).flatten(2))
+        dist.all_reduce(out)
+        return out
+
+
+def _heads(state, rank, world_size):
+    qkv = state["qkv.weight"].view(3, HEADS, HEAD_DIM, HIDDEN)
+    return {"qkv.weight": qkv.chunk(world_size, 1)[rank].reshape(-1, HIDDEN),
+            "out.weight": state["out.weight"].chunk(world_size, 1)[rank]}
+
+
+def _verify(reference_causal: bool, rank_causal: bool, grad: bool = False):
+    return scalify.verify_modules(
+        reference=Attention(reference_causal),
+        rank_module_factory=lambda rank: SdpaAttention(rank_causal), world_size=WORLD,
+        example_inputs={"x": torch.randn(2, 8, HIDDEN)}, shard_fn=_heads,
+        output_placements=[scalify.Replicate()], numeric=True, grad=grad)
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["forward", "training"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_sdpa_on_the_ranks_verifies_against_attention_written_by_hand(causal, grad):
+    report = _verify(causal, causal, grad)
+    assert report.verdict == "verified" and report.numeric["agrees"]
+
+
+@pytest.mark.parametrize("reference_causal", [False, True], ids=["rank-causal", "rank-full"])
+def test_a_rank_masking_otherwise_than_the_reference_is_caught(reference_causal):
+    report = _verify(reference_causal, not reference_causal)
+    assert report.verdict == "discrepancy" and not report.numeric["agrees"]

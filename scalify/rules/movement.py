@@ -198,6 +198,11 @@ def rules() -> list[Rule]:
         Rule("split-whole-dim", "(split x d i)", "(unsqueeze x d)",
              lambda gen, c: {"x": tensor(gen, 4, 6), "d": 1, "i": 6},
              when=("(= (dimsize x d) i)",)),
+        # Merges of disjoint dim pairs in either order are one reshape: the later pair merged
+        # first ([s, b, n, d] to [s * b, n * d] either way).
+        Rule("merges-later-first", "(merge (merge x d i) e j)", "(merge (merge x (+ e 1) j) d i)",
+             lambda gen, c: {"x": tensor(gen, 2, 3, 4, 5), "d": 0, "i": 3, "e": 1, "j": 5},
+             when=("(> e d)",)),
         Rule("merge-unit-dim", "(merge x d i)", "(squeeze x d)",
              lambda gen, c: {"x": tensor(gen, 4, 1, 6), "d": 1, "i": 6},
              when=("(= (dimsize x d) 1)",)),

@@ -203,6 +203,13 @@ def rules() -> list[Rule]:
         Rule("merges-later-first", "(merge (merge x d i) e j)", "(merge (merge x (+ e 1) j) d i)",
              lambda gen, c: {"x": tensor(gen, 2, 3, 4, 5), "d": 0, "i": 3, "e": 1, "j": 5},
              when=("(> e d)",)),
+        # Three dims rotated ([s, b, n] to [b, n, s], a permute(1, 2, 0)) then the first two
+        # merged: the merge, then the merged dim moved first (Megatron's values reshaped to
+        # [s, b * n, d] and transposed, against a reference's permuted heads).
+        Rule("merge-of-rotation", "(merge (transpose (transpose x a b) b c) a i)",
+             "(transpose (merge x b i) a b)",
+             lambda gen, c: {"x": tensor(gen, 2, 3, 4, 5), "a": 0, "b": 1, "c": 2, "i": 4},
+             when=("(= b (+ a 1))", "(= c (+ a 2))")),
         Rule("merge-unit-dim", "(merge x d i)", "(squeeze x d)",
              lambda gen, c: {"x": tensor(gen, 4, 1, 6), "d": 1, "i": 6},
              when=("(= (dimsize x d) 1)",)),

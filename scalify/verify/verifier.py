@@ -679,9 +679,9 @@ class Verifier:
     def _parted_path(self, blamed: str, inputs: list[Relation], found: App,
                      relations: dict[str, Relation | None], limit: int = 6) -> list[SourceLoc]:
         """Where the rank op blamed and the reference part ways: the ops it and the rank
-        tensors the saturation found depend on, back to the rank tensors equal to the
-        reference op's inputs, or to tensors equal to other reference values (read in their
-        place: a swapped chunk), nearest first, at most `limit` lines other than the blamed
+        tensors the saturation found depend on, back to (and including) the rank tensors
+        equal to the reference op's inputs, or to tensors equal to other reference values
+        (read in their place: a swapped chunk), nearest first, at most `limit` lines other than the blamed
         op's. A wrong slice, chunk order, shard or scaling upstream shows here, and so do
         the rank's own constants the reference has none of (a table cut at the wrong rows)."""
         expected = {name for relation in inputs for name in relation.leaf_names()}
@@ -695,10 +695,10 @@ class Verifier:
             node = self.dist.graph[name]
             if node.source.file and node.source not in lines:
                 lines.append(node.source)
-            if name in known and name not in starts:
-                continue  # another reference value, read in place of this op's input
+            if name in known and name not in starts or name in expected:
+                continue  # a value known equal to the reference's: where the ways part
             for arg in node.inputs:
-                if arg not in seen and arg not in expected and self.dist_const.get(arg) not in (
+                if arg not in seen and self.dist_const.get(arg) not in (
                         self.ref_const_terms) and self.dist.graph[arg].op != "placeholder":
                     seen.add(arg)
                     queue.append(arg)

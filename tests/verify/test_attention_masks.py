@@ -1,8 +1,9 @@
 """Head-parallel attention whose ranks call PyTorch's `scaled_dot_product_attention` (which
 scales the query and the key by the scale's square root, adds a mask of zeros and -inf and
 takes a safe softmax) against a reference written by hand (scores divided by the scale, filled
-with -inf above the diagonal, a plain softmax): the same math, forward and backward. A rank
-attending causally where the reference does not, or the other way round, is caught."""
+with -inf above the diagonal, a plain softmax): the same math, forward and backward, and the
+other way round. A rank attending causally where the reference does not, or the other way
+round, is caught."""
 import math
 
 import pytest
@@ -17,38 +18,30 @@ HIDDEN, HEADS, HEAD_DIM, WORLD = 16, 4, 4, 2
 
 
 class Attention(nn.Module):
-    def __init__(self, causal: bool, heads: int = HEADS) -> None:
+    """Heads attended by hand, or through `F.scaled_dot_product_attention`; a rank's output
+    projection's partial sums all-reduced."""
+
+    def __init__(self, causal: bool, sdpa: bool, heads: int = HEADS) -> None:
         super().__init__()
-        self.causal, self.heads = causal, heads
+        self.causal, self.sdpa, self.heads = causal, sdpa, heads
         self.qkv = nn.Linear(HIDDEN, 3 * heads * HEAD_DIM, bias=False)
         self.out = nn.Linear(heads * HEAD_DIM, HIDDEN, bias=False)
 
-    def heads_of(self, x):
-        b, s, _ = x.shape
-        q, k, v = self.qkv(x).view(b, s, 3, self.heads, HEAD_DIM).unbind(2)
-        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-
-    def forward(self, x):
-        q, k, v = self.heads_of(x)
+    def attend(self, q, k, v):
+        if self.sdpa:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
         scores = q @ k.transpose(-1, -2) / math.sqrt(HEAD_DIM)
         if self.causal:
-            keep = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool).tril()
+            keep = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool).tril()
             scores = scores.masked_fill(~keep, float("-inf"))
-        return self.out((scores.softmax(-1) @ v).transpose(1, 2).flatten(2))
-
-
-class SdpaAttention(Attention):
-    """A rank's heads through `F.scaled_dot_product_attention`, its output projection's
-    partial sums all-reduced."""
-
-    def __init__(self, causal: bool) -> None:
-        super().__init__(causal, HEADS // WORLD)
+        return scores.softmax(-1) @ v
 
     def forward(self, x):
-        q, k, v = self.heads_of(x)
-        attended = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
-        out = self.out(attended.transpose(1, 2).flatten(2))
-        dist.all_reduce(out)
+        b, s, _ = x.shape
+        q, k, v = (t.transpose(1, 2) for t in self.qkv(x).view(b, s, 3, self.heads, HEAD_DIM).unbind(2))
+        out = self.out(self.attend(q, k, v).transpose(1, 2).flatten(2))
+        if self.heads < HEADS:
+            dist.all_reduce(out)
         return out
 
 
@@ -58,10 +51,12 @@ def _heads(state, rank, world_size):
             "out.weight": state["out.weight"].chunk(world_size, 1)[rank]}
 
 
-def _verify(reference_causal: bool, rank_causal: bool, grad: bool = False):
+def _verify(reference_causal: bool, rank_causal: bool, grad: bool = False,
+            sdpa_on_ranks: bool = True):
     return scalify.verify_modules(
-        reference=Attention(reference_causal),
-        rank_module_factory=lambda rank: SdpaAttention(rank_causal), world_size=WORLD,
+        reference=Attention(reference_causal, not sdpa_on_ranks),
+        rank_module_factory=lambda rank: Attention(rank_causal, sdpa_on_ranks, HEADS // WORLD),
+        world_size=WORLD,
         example_inputs={"x": torch.randn(2, 8, HIDDEN)}, shard_fn=_heads,
         output_placements=[scalify.Replicate()], numeric=True, grad=grad)
 
@@ -70,6 +65,12 @@ def _verify(reference_causal: bool, rank_causal: bool, grad: bool = False):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_sdpa_on_the_ranks_verifies_against_attention_written_by_hand(causal, grad):
     report = _verify(causal, causal, grad)
+    assert report.verdict == "verified" and report.numeric["agrees"]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_attention_written_by_hand_on_the_ranks_verifies_against_sdpa(causal):
+    report = _verify(causal, causal, sdpa_on_ranks=False)
     assert report.verdict == "verified" and report.numeric["agrees"]
 
 

@@ -12,12 +12,14 @@ from .terms import DECLARATIONS, render
 RULESET = "lemmas"
 PER_RANK_RULESET = "per_rank"  # run only for programs that are not rank-symmetric
 INVERSES_RULESET = "inverses"  # run only for windows that find no relation without it
+SLICE_ORDER_RULESET = "slice_order"  # run only where the context rules are not
 THEORIES = (elementwise, reduction, matmul, movement, embedding, rows)
 
 
 def all_rules() -> list[Rule]:
     return ([rule for theory in THEORIES for rule in theory.rules()] + movement.per_rank_rules()
-            + movement.inverse_rules() + rank_rules() + context.rules())
+            + movement.inverse_rules() + movement.slice_order_rules() + rank_rules()
+            + context.rules())
 
 
 def rank_rules() -> list[Rule]:
@@ -25,7 +27,8 @@ def rank_rules() -> list[Rule]:
     return [replace(rule, world=ranks.WORLD) for rule in ranks.rules()]
 
 
-OPTIONAL_RULESETS = (PER_RANK_RULESET, ranks.RULESET, context.RULESET, INVERSES_RULESET)
+OPTIONAL_RULESETS = (PER_RANK_RULESET, ranks.RULESET, context.RULESET, INVERSES_RULESET,
+                     SLICE_ORDER_RULESET)
 
 
 def trait_facts() -> str:
@@ -45,7 +48,9 @@ def prelude(rulesets: Collection[str] = OPTIONAL_RULESETS) -> str:
     optional = {PER_RANK_RULESET: [rule.egglog(PER_RANK_RULESET) for rule in movement.per_rank_rules()],
                 ranks.RULESET: [rule.egglog(ranks.RULESET) for rule in rank_rules()] + ranks.fact_rules(),
                 context.RULESET: [rule.egglog(context.RULESET) for rule in context.rules()],
-                INVERSES_RULESET: [rule.egglog(INVERSES_RULESET) for rule in movement.inverse_rules()]}
+                INVERSES_RULESET: [rule.egglog(INVERSES_RULESET) for rule in movement.inverse_rules()],
+                SLICE_ORDER_RULESET: [rule.egglog(SLICE_ORDER_RULESET)
+                                      for rule in movement.slice_order_rules()]}
     probe = "(rule ((target t k) (= t (dist n))) ((same k n)) :ruleset probe)"
     declared = [f"(ruleset {name})" for name in (RULESET, "probe", "window", *OPTIONAL_RULESETS)]
     return "\n".join([DECLARATIONS, trait_facts(), *declared, *rules,

@@ -8,7 +8,7 @@ from typing import Callable
 
 from egglog import bindings
 
-from ..rules import INVERSES_RULESET, context, prelude
+from ..rules import INVERSES_RULESET, SLICE_ORDER_RULESET, context, prelude
 from ..rules.terms import SIZE_CONFLICT, is_relational, parse
 from .store import MemoStore
 
@@ -108,8 +108,7 @@ class EgglogSession:
         self.settle = context_parallel
         self.limits = limits
         self.rulesets = ["lemmas", "ranks"] if rank_families else ["lemmas", "per_rank"]
-        if context_parallel:
-            self.rulesets.append(context.RULESET)
+        self.rulesets.append(context.RULESET if context_parallel else SLICE_ORDER_RULESET)
         self.memoize = memoize
         self.store = store
         # a window's answer depends on the rules run and how long: proofs are stored apart per

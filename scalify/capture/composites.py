@@ -12,6 +12,7 @@ from ..errors import CaptureError
 from .aten import (Result, _binary, _cast_to, _dim, _dtype_name, _out_shape, _reduce, _scalar,
                    lowering)
 from .builder import GraphBuilder, Ref
+from .strided import row_major, view_block
 
 
 def _dims_arg(args: list, kwargs: dict, position: int = 1) -> list[int]:
@@ -225,6 +226,13 @@ def _as_strided(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) 
     offset = args[3] if len(args) > 3 else kwargs.get("storage_offset")
     in_stride, in_offset = kwargs["input_layout"]
     start = (in_offset if offset is None else offset) - in_offset
+    if list(in_stride) == row_major(x.shape):
+        try:
+            shape, starts, dims = view_block(x.shape, size, stride, start, name)
+        except CaptureError:
+            pass  # not a block: read through memory order
+        else:
+            return _block_read(b, b.reshape(x, shape), size, starts, dims)
     flat = _in_memory_order(b, x, in_stride)
     dims = sorted((d for d in range(len(size)) if stride[d] and size[d] > 1),
                   key=lambda d: -stride[d])
@@ -245,6 +253,25 @@ def _as_strided(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) 
         flat = b.emit("unsqueeze", [flat], dim=len(flat.shape))
     view = b.permute(flat, [order.index(d) for d in range(len(size))])
     return b.broadcast(view, tuple(size))
+
+
+def _block_read(b: GraphBuilder, x: Ref, size: list[int], starts: list[int],
+                dims: list[int | None]) -> Ref:
+    """The block of `x` at `starts` whose view dims lie along `dims` (`strided.view_block`):
+    slices, the dims the view indexes squeezed, the rest in view order."""
+    for dim, start in enumerate(starts):
+        extent = size[dims.index(dim)] if dim in dims else 1
+        if (start, extent) != (0, x.shape[dim]):
+            x = b.emit("slice", [x], dim=dim, start=start, end=start + extent)
+    for dim in reversed(range(len(starts))):
+        if dim not in dims:
+            x = b.emit("squeeze", [x], dim=dim)
+    kept = [d for d in dims if d is not None]
+    x = b.permute(x, [sorted(kept).index(d) for d in kept])
+    for position, dim in enumerate(dims):
+        if dim is None:
+            x = b.emit("unsqueeze", [x], dim=position)
+    return x
 
 
 def _in_memory_order(b: GraphBuilder, x: Ref, strides: tuple[int, ...]) -> Ref:

@@ -3,8 +3,9 @@ new value as the untouched blocks of the old one around the written block.
 
 The tracer turns every write into a view into `aten.as_strided_scatter(base, view, size, stride,
 offset)`; this lowers it when the view is a block of a dense row-major base (a slice or an index
-along any dims, in any dim order, or a contiguous reshape of whole rows), and refuses (so the
-value is opaque) otherwise.
+along any dims, in any dim order, or a contiguous reshape of whole rows), or of the base with
+adjacent dims merged (a slot range across a paged cache's blocks), and refuses (so the value is
+opaque) otherwise.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 from ..errors import CaptureError
 from .aten import Result, lowering
 from .builder import GraphBuilder, Ref
+from .strided import row_major, view_block
 
 
 @lowering("as_strided_scatter")
@@ -21,19 +23,19 @@ def _as_strided_scatter(b: GraphBuilder, name: str, args: list, kwargs: dict, ou
     base, src, size, stride = args[0], args[1], list(args[2]), list(args[3])
     offset = args[4] if len(args) > 4 else kwargs.get("storage_offset")
     base_stride, base_offset = kwargs["input_layout"]
-    if list(base_stride) != _row_major(base.shape):
+    if list(base_stride) != row_major(base.shape):
         raise CaptureError("aten.as_strided_scatter into a base that is not dense and row-major")
     offset = (offset or base_offset) - base_offset
     try:
-        starts, dims = _block(base.shape, size, stride, offset)
-        block = _as_block(b, src, size, dims, len(base.shape))
+        shape, starts, dims = view_block(base.shape, size, stride, offset, name)
     except CaptureError:
-        if any(step != dense for extent, step, dense in zip(size, stride, _row_major(size))
+        if any(step != dense for extent, step, dense in zip(size, stride, row_major(size))
                if extent > 1):
             raise
-        starts, shape = _rows(base.shape, offset, prod(size))
-        block = b.reshape(src, shape)
-    return _written(b, base, block, starts, 0)
+        starts, rows = _rows(base.shape, offset, prod(size))
+        return _written(b, base, b.reshape(src, rows), starts, 0)
+    block = _as_block(b, src, size, dims, len(shape))
+    return b.reshape(_written(b, b.reshape(base, shape), block, starts, 0), base.shape)
 
 
 def _rows(shape: tuple[int, ...], offset: int, count: int) -> tuple[list[int], tuple[int, ...]]:
@@ -54,36 +56,6 @@ def _rows(shape: tuple[int, ...], offset: int, count: int) -> tuple[list[int], t
         block = (1,) * dim + (rows,) + tuple(shape[dim + 1:])
         return starts + [0] * (len(shape) - dim - 1), block
     raise CaptureError("aten.as_strided_scatter of a view that is not a block of its base")
-
-
-def _row_major(shape: tuple[int, ...]) -> list[int]:
-    strides, step = [], 1
-    for extent in reversed(shape):
-        strides.insert(0, step)
-        step *= extent
-    return strides
-
-
-def _block(shape: tuple[int, ...], size: list[int], stride: list[int],
-           offset: int) -> tuple[list[int], list[int | None]]:
-    """Where the view lies in the base: each base dim's first index, and each view dim's base
-    dim (None for a unit dim); a CaptureError if the view is not a block."""
-    strides = _row_major(shape)
-    dims: list[int | None] = []
-    for extent, step in zip(size, stride):
-        candidates = [d for d in range(len(shape)) if strides[d] == step and shape[d] >= extent]
-        dims.append(None if extent == 1 else (candidates[0] if candidates else -1))
-    taken = [d for d in dims if d is not None]
-    if -1 in taken or len(set(taken)) != len(taken):
-        raise CaptureError("aten.as_strided_scatter of a view that is not a block of its base")
-    starts, left = [], offset
-    for d, step in enumerate(strides):
-        starts.append(left // step)
-        left -= starts[-1] * step
-        extent = size[dims.index(d)] if d in dims else 1
-        if starts[-1] + extent > shape[d]:
-            raise CaptureError("aten.as_strided_scatter of a view that is not a block of its base")
-    return starts, dims
 
 
 def _as_block(b: GraphBuilder, src: Ref, size: list[int], dims: list[int | None], rank: int) -> Ref:

@@ -103,7 +103,20 @@ def link_point_to_point(graphs: list[Graph]) -> dict[str, str]:
                                    f"{list(into[k].shape)} but rank {a} sends "
                                    f"{list(out[k].shape)} at {out[k].source}")
             links[qualified(b, into[k].name)] = qualified(a, out[k].inputs[0])
-    return links
+    return {recv: _first_sender(links, recv) for recv in links}
+
+
+def _first_sender(links: dict[str, str], recv: str) -> str:
+    """The tensor a chain of forwards started from: a rank that sends on what it received (a
+    ring passing blocks along) sends its peer's tensor."""
+    seen = {recv}
+    tensor = links[recv]
+    while tensor in links:
+        if tensor in seen:
+            raise ScalifyError(f"received tensors forward each other in a cycle at {tensor}")
+        seen.add(tensor)
+        tensor = links[tensor]
+    return tensor
 
 
 def match_collectives(graphs: list[Graph]) -> dict[str, tuple[list[tuple[int, str]], int, tuple]]:

@@ -65,9 +65,19 @@ def _through_a_reshaped_view(x):
     return y
 
 
+def _paged_cache_slot_range(x):
+    """vLLM-style: a step's tokens written at slots 3..6 of a paged cache [2 (k, v), 3 blocks,
+    4 slots, 6], through a flat-slots view: the range crosses a block boundary."""
+    cache = torch.zeros(2, 3, 4, 6, dtype=x.dtype)
+    keys = cache[0].view(-1, 6)
+    keys[3:7] = x
+    cache[1].view(-1, 6)[5:9].copy_(x * 2)
+    return cache[1].view(-1, 6)[:9] + keys[:9]
+
+
 CASES = [_filled_block_by_block, _added_into_rows, _through_a_transpose, _cache_slots,
          _stale_view_read_after_write, _nested_views, _detached_gradient_overwritten,
-         _through_a_reshaped_view]
+         _through_a_reshaped_view, _paged_cache_slot_range]
 
 
 @pytest.mark.parametrize("program", CASES, ids=lambda f: f.__name__.strip("_"))
@@ -75,6 +85,21 @@ def test_writes_into_views_compute_what_torch_computes(program):
     x = torch.randn(4, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     graph = capture(nn.Module(), lambda: program(x), {"x": x})
     assert not [n for n in graph if n.op == "opaque"]
+    assert torch.allclose(run_graph(graph, {"x": x})[graph.outputs[0]], program(x))
+
+
+def test_a_view_across_blocks_is_read_as_a_slice_of_merged_dims():
+    """Slots 3..6 of [blocks, slots, 6] read as one slice of [blocks * slots, 6], not as a walk
+    through flat memory (which would hide the slot dim from the relations)."""
+    x = torch.randn(4, 6, dtype=torch.float64)
+
+    def program(x):
+        cache = torch.zeros(2, 3, 4, 6, dtype=x.dtype)
+        cache[0].view(-1, 6)[3:7] = x
+        return cache[0].view(-1, 6)[2:8]
+
+    graph = capture(nn.Module(), lambda: program(x), {"x": x})
+    assert not [n for n in graph if n.op == "merge" and len(n.shape) == 1]
     assert torch.allclose(run_graph(graph, {"x": x})[graph.outputs[0]], program(x))
 
 

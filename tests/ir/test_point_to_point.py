@@ -83,3 +83,25 @@ def test_a_recv_whose_value_goes_unused_still_pairs_with_its_send():
     receiver.outputs = ["v0"]
     merged = merge_ranks([_sender("x", "y").pruned(), receiver.pruned()])
     assert merged.rank_outputs == [[], ["r1/v0"]]
+
+
+def _ring_member(rank: int, world: int, steps: int) -> Graph:
+    """Sends x to rank + 1, then forwards each tensor it receives from rank - 1, `steps` times
+    (a ring passing blocks along); returns the sum of what it received."""
+    graph = Graph(outputs=[f"v{steps - 1}"])
+    _placeholder(graph, "x")
+    held, total = "x", None
+    for k in range(steps):
+        graph.add(Node(f"s{k}", "send", (held,), (("peer", (rank + 1) % world), ("tag", 0)),
+                       SHAPE, "float32"))
+        graph.add(Node(f"r{k}", "recv", (), (("peer", (rank - 1) % world), ("shape", SHAPE),
+                                             ("tag", 0)), SHAPE, "float32"))
+        graph.add(Node(f"v{k}", "add", (total or "x", f"r{k}"), (), SHAPE, "float32"))
+        held, total = f"r{k}", f"v{k}"
+    return graph
+
+
+def test_a_forwarded_tensor_is_the_first_senders():
+    merged = merge_ranks([_ring_member(rank, 3, 2) for rank in range(3)])
+    assert merged.graph["r0/v0"].inputs == ("r0/x", "r2/x")
+    assert merged.graph["r0/v1"].inputs == ("r0/v0", "r1/x")  # rank 2 forwarded rank 1's x

@@ -52,6 +52,25 @@ def _gradient(gen, choice):
     return {**env, "q": evaluate(parse("(embed_grad_range g ids t nb)"), env)}
 
 
+# vLLM's form of the range test: ids in [s, e) as `ge & lt`, the lookup of `mask * (ids - s)`,
+# and the fill where the mask is off.
+IN_RANGE = '(binary "bitwise_and" (cmp_int "ge" ids s) (cmp_int "lt" ids e))'
+OUT_OF_RANGE = '(binary "bitwise_or" (cmp_int "lt" ids s) (cmp_int "ge" ids e))'
+
+
+def _in_range(gen, choice):
+    ids = torch.randint(0, 10, (2, 5), generator=gen)
+    return {"ids": ids, "s": 2, "e": 7, "x": torch.randint(-5, 5, (2, 5), generator=gen)}
+
+
+def _short_range(gen, choice):
+    """A table of 4 rows of which the range [s, e) uses the first 3 (padded rows past it)."""
+    env = _masked(gen, choice)
+    env["e"] = env["s"] + 3
+    env["m"] = (env["ids"] < env["s"]) | (env["ids"] >= env["e"])
+    return env
+
+
 GRAD_LOOKUP = ('(embedding_grad (masked_fill g (expand (unsqueeze m k) k h) "0.0") '
                '(masked_fill (add_int ids o) m "0") n)')
 
@@ -82,6 +101,17 @@ def rules() -> list[Rule]:
         Rule("masked-lookup", MASKED_LOOKUP, "(embed_range w ids s)", _masked,
              when=('(= m (binary "bitwise_or" (cmp_int "lt" ids s) (cmp_int "ge" ids e)))',
                    "(= o (- 0 s))", "(= e (+ s (dimsize w 0)))")),
+        Rule("out-of-range-is-not-in-range", f'(unary "bitwise_not" {IN_RANGE})', OUT_OF_RANGE,
+             _in_range),
+        Rule("in-range-mask-times-ids",
+             f"(binary \"mul\" (unary \"cast|dtype='int64'\" {IN_RANGE}) x)",
+             f'(masked_fill x {OUT_OF_RANGE} "0")', _in_range),
+        # A range shorter than the rank's rows (a vocab padded past its end): the lookup uses
+        # the rows before the padding only.
+        Rule("masked-lookup-short-range", MASKED_LOOKUP, "(embed_range (slice w 0 0 (- e s)) ids s)",
+             _short_range,
+             when=('(= m (binary "bitwise_or" (cmp_int "lt" ids s) (cmp_int "ge" ids e)))',
+                   "(= o (- 0 s))", "(> e s)", "(< e (+ s (dimsize w 0)))")),
         # Table gradients: each rank scatters the tokens of its rows [s, s + n); adjacent row
         # ranges join, and the range from 0 over every row is the whole gradient.
         Rule("masked-grad-lookup", GRAD_LOOKUP, "(embed_grad_range g ids s n)", _gradient,

@@ -45,8 +45,11 @@ def symbolic_program(graphs: list[Graph]) -> tuple[DistributedGraph | None, str]
     if p2p is not None:
         return None, f"{p2p.source}: the ranks exchange point-to-point {p2p.op}s (pipeline stages)"
     first = graphs[0]
-    if any(len(g) != len(first) or g.outputs != first.outputs for g in graphs[1:]):
-        return None, "the ranks' programs differ in length or outputs"
+    if any(len(g) != len(first) for g in graphs[1:]):
+        return None, "the ranks' programs differ in length"
+    graphs = [first] + [_named_as(g, first) for g in graphs[1:]]
+    if any(g.outputs != first.outputs for g in graphs[1:]):
+        return None, "the ranks' programs differ in their outputs"
     nodes = []
     for position, node in enumerate(first.nodes):
         peers = [g.nodes[position] for g in graphs]
@@ -59,6 +62,19 @@ def symbolic_program(graphs: list[Graph]) -> tuple[DistributedGraph | None, str]
         graph.add(node)
     order = {node.name: (0, i) for i, node in enumerate(graph.nodes)}
     return DistributedGraph(graph, world, [list(graph.outputs)], order, symbolic=True), "used"
+
+
+def _named_as(graph: Graph, first: Graph) -> Graph:
+    """`graph` with each node named as the node at its position in `first` (the tracer numbers
+    nodes as it goes, so a rank that emitted and dropped one more node names the rest apart)."""
+    names = {node.name: model.name for node, model in zip(graph.nodes, first.nodes)}
+    if all(old == new for old, new in names.items()):
+        return graph
+    renamed = Graph(outputs=[names[o] for o in graph.outputs])
+    for node in graph:
+        renamed.add(replace(node, name=names[node.name],
+                            inputs=tuple(names[i] for i in node.inputs)))
+    return renamed
 
 
 def _unify(node: Node, peers: list[Node], graph: Graph) -> tuple[Node | None, str]:

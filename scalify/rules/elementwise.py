@@ -1,9 +1,11 @@
 """Elementwise ops commute with concatenation; linear ones distribute over partial sums."""
 from __future__ import annotations
 
+import torch
+
 from .base import Rule
 from .examples import concat_parts, tensor
-from .families import (ADDITIVE, BINARY_KEYS, COMMUTATIVE, LINEAR_UNARY_KEYS, SCALES_LEFT,
+from .families import (ADDITIVE, BINARY_KEYS, COMMUTATIVE, COMPARISONS, LINEAR_UNARY_KEYS, SCALES_LEFT,
                        SCALES_RIGHT, UNARY_KEYS, share_keys)
 from .terms import evaluate, parse
 
@@ -57,8 +59,22 @@ def _shape_op_rules() -> list[Rule]:
         Rule("binary-over-squeezes", "(binary f (squeeze x d) (squeeze y d))",
              "(squeeze (binary f x y) d)",
              lambda gen, c: {"x": x3(gen), "y": y3(gen), "d": 1, **c}, families={"f": BINARY_KEYS}),
+        # Index arithmetic and fills on a column of targets (DTensor's loss-parallel pick works
+        # on `target.unsqueeze(1)`) are the same on the targets themselves.
+        Rule("compare-over-unsqueeze", "(cmp_int f (unsqueeze t d) v)",
+             "(unsqueeze (cmp_int f t v) d)", _targets, families={"f": COMPARISONS}),
+        Rule("add-int-over-unsqueeze", "(add_int (unsqueeze t d) v)", "(unsqueeze (add_int t v) d)",
+             _targets),
+        Rule("masked-fill-over-unsqueezes", "(masked_fill (unsqueeze x d) (unsqueeze m d) f)",
+             "(unsqueeze (masked_fill x m f) d)",
+             lambda gen, c: {"x": tensor(gen, 3, 5), "m": tensor(gen, 3, 5) > 0, "d": 1,
+                             "f": "0.0"}),
         *_reshape_rules(),
     ]
+
+
+def _targets(gen, choice):
+    return {"t": torch.randint(-3, 9, (3, 5), generator=gen), "d": 1, "v": 4, **choice}
 
 
 def _reshape_rules() -> list[Rule]:

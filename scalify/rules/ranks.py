@@ -100,10 +100,18 @@ def _row_wise() -> list[Rule]:
                 "t": Family(torch.randint(0, 5, (2, 3), generator=gen) for _ in range(WORLD)),
                 "d": 0, "s": 2, "v": 5, "k": 2}
 
+    def targets(gen, choice):
+        return {"t": torch.randint(-3, 9, (3, 5), generator=gen), "d": 1, "a": 4, "b": -2,
+                **choice}
+
     return [
         Rule("compare-over-rcat", "(cmp_int f (rcat x d s) v)", "(rcat (cmp_int f x v) d s)",
              compare, families={"f": COMPARISONS}),
         Rule("add-int-over-rcat", "(add_int (rcat x d s) v)", "(rcat (add_int x v) d s)", compare),
+        Rule("rank-compare-over-unsqueeze", "(cmp_int_r f (unsqueeze t d) a b)",
+             "(unsqueeze (cmp_int_r f t a b) d)", targets, families={"f": COMPARISONS}),
+        Rule("rank-add-int-over-unsqueeze", "(add_int_r (unsqueeze t d) a b)",
+             "(unsqueeze (add_int_r t a b) d)", targets),
         Rule("masked-fill-over-rcats", "(masked_fill (rcat x d s) (rcat m d s) v)",
              "(rcat (masked_fill x m v) d s)", masked),
         Rule("masked-fill-over-broadcast-and-rcat", "(masked_fill (expand u d n) (rcat m d s) v)",

@@ -80,6 +80,12 @@ def _reshaped_rows(gen_shape: tuple[int, ...] = (2, 3)) -> list[Rule]:
     ]
 
 
+def _pick(gen) -> dict:
+    """Rows a [2, 3, 5] and a target class t [2, 3] for each."""
+    return {"a": tensor(gen, 2, 3, 5), "t": torch.randint(0, 5, (2, 3), generator=gen), "k": 2,
+            "n": 5}
+
+
 def rules() -> list[Rule]:
     return [
         # A rank adding up its micro-batches' partial results (e.g. token counts).
@@ -130,6 +136,11 @@ def rules() -> list[Rule]:
              "(concat (where3 (expand u d na) a (expand w d na)) "
              "(where3 (expand u d nb) b (expand w d nb)) d na nb)",
              lambda gen, c: {**_selected(gen, c), "u": _ints(gen, 3, 1, 5) > 0}),
+        # A loss as log-sum-exp minus the target's shifted logit is minus the target's
+        # log-softmax (how a vocab-parallel loss picks it).
+        Rule("shift-into-pick", '(binary "sub" c (take a t k))',
+             '(unary "neg" (take (binary "sub" a (expand (unsqueeze c k) k n)) t k))',
+             lambda gen, ch: {**_pick(gen), "c": tensor(gen, 2, 3)}, when=("(= n (dimsize a k))",)),
         Rule("take-over-concats", "(take (concat a b d na nb) (concat t1 t2 d na nb) k)",
              "(concat (take a t1 k) (take b t2 k) d na nb)", lambda gen, c: {**_tokens(gen, c), "k": 2},
              when=("(< d k)",)),

@@ -27,6 +27,22 @@ def test_rank_affine_integers_become_symbolic():
     assert program.graph["r0/s"].attr("family") == WORLD
 
 
+def _renamed(graph: Graph, names: dict[str, str]) -> Graph:
+    renamed = Graph(outputs=[names.get(o, o) for o in graph.outputs])
+    for node in graph:
+        renamed.add(Node(names.get(node.name, node.name), node.op,
+                         tuple(names.get(i, i) for i in node.inputs), node.attrs, node.shape,
+                         node.dtype))
+    return renamed
+
+
+def test_ranks_whose_tracer_numbered_nodes_apart_are_one_program():
+    graphs = [_program(r, 5 * r + 1) for r in range(WORLD)]
+    graphs[1] = _renamed(graphs[1], {"a": "a2", "s": "s2"})
+    program, why = symbolic_program(graphs)
+    assert why == "used" and program.graph["r0/a"].attr("value") == RankAffine(5, 1)
+
+
 def test_non_affine_difference_keeps_the_per_rank_path():
     program, why = symbolic_program([_program(r, r * r) for r in range(WORLD)])
     assert program is None and "add_scalar attribute value differs across ranks" in why

@@ -1,4 +1,4 @@
-"""Attention masks written another way are one mask.
+"""Masks written another way are one mask.
 
 PyTorch's attention (`scaled_dot_product_attention` lowered by its own decompositions) adds a
 mask of zeros and -inf to the scores and takes a safe softmax, which gives zeros instead of NaN
@@ -12,7 +12,9 @@ mask says and takes a plain softmax. Two passes make the first the second:
   that leaves each row an entry (checked on its value). Then each `where` choosing by that
   test is its third operand, and the softmax is a plain one, forward and backward.
 
-Values are taken as real numbers, as everywhere in the proof: only a written -inf is infinite.
+A product with a boolean mask cast to numbers (vocab parallelism's `out * ~mask`) is a fill of
+zeros too. Values are taken as real numbers, as everywhere in the proof: only a written -inf is
+infinite.
 """
 from __future__ import annotations
 
@@ -29,8 +31,54 @@ _BROADCASTS = frozenset({"expand", "unsqueeze"})
 
 
 def masks_as_fills(graph: Graph) -> Graph:
-    """The graph with additive masks as fills, and safe softmaxes of finite rows plain."""
-    return without_masked_row_guards(additive_masks_as_fills(graph))
+    """The graph with additive and multiplicative masks as fills, and safe softmaxes of finite
+    rows plain."""
+    return without_masked_row_guards(additive_masks_as_fills(product_masks_as_fills(graph)))
+
+
+def product_masks_as_fills(graph: Graph) -> Graph:
+    """Each product of a value and a boolean mask cast to numbers (`out * (~mask[..., None])`,
+    `mask * (ids - start)`) as a fill of zeros where the mask is off. The mask's negation
+    cancels a negation it was built from, through broadcasts."""
+    result = Graph()
+    for node in graph:
+        operands = _multiplied_mask(graph, node)
+        if operands is None:
+            result.add(node)
+            continue
+        value, mask = operands
+        off = _negation(graph, result, mask, node)
+        zero = 0.0 if node.dtype.startswith(("float", "bfloat")) else 0
+        result.add(Node(node.name, "masked_fill", (value, off), (("value", zero),), node.shape,
+                        node.dtype, node.source))
+    result.outputs = list(graph.outputs)
+    return result.pruned() if len(result) != len(graph) else result
+
+
+def _multiplied_mask(graph: Graph, node: Node) -> tuple[str, str] | None:
+    """(the value, the boolean mask) of a `mul` of a value and a cast boolean of its shape."""
+    if node.op != "mul" or len(node.inputs) != 2:
+        return None
+    for cast, value in (node.inputs, node.inputs[::-1]):
+        factor = graph[cast]
+        if (factor.op == "cast" and graph[factor.inputs[0]].dtype == "bool"
+                and factor.shape == graph[value].shape == node.shape):
+            return value, factor.inputs[0]
+    return None
+
+
+def _negation(graph: Graph, result: Graph, name: str, user: Node) -> str:
+    """A node of `result` that is the negation of boolean `name`: the operand of a negation,
+    broadcasts of a negated operand, else a new `bitwise_not`."""
+    node = graph[name]
+    if node.op in ("bitwise_not", "logical_not"):
+        return node.inputs[0]
+    if node.op in _BROADCASTS:
+        inner = _negation(graph, result, node.inputs[0], user)
+        return result.add(replace(node, name=f"{user.name}.{node.name}", inputs=(inner,),
+                                  source=user.source)).name
+    return result.add(Node(f"{user.name}.not", "bitwise_not", (name,), (), node.shape, "bool",
+                           user.source)).name
 
 
 def additive_masks_as_fills(graph: Graph) -> Graph:

@@ -52,15 +52,15 @@ def _gradient(gen, choice):
     return {**env, "q": evaluate(parse("(embed_grad_range g ids t nb)"), env)}
 
 
-# vLLM's form of the range test: ids in [s, e) as `ge & lt`, the lookup of `mask * (ids - s)`,
-# and the fill where the mask is off.
+# vLLM's form of the range test: ids in [s, e) as `ge & lt`, the fill where it is off (its
+# lookup of `mask * (ids - s)` is such a fill: `ir/masks.py`).
 IN_RANGE = '(binary "bitwise_and" (cmp_int "ge" ids s) (cmp_int "lt" ids e))'
 OUT_OF_RANGE = '(binary "bitwise_or" (cmp_int "lt" ids s) (cmp_int "ge" ids e))'
 
 
 def _in_range(gen, choice):
     ids = torch.randint(0, 10, (2, 5), generator=gen)
-    return {"ids": ids, "s": 2, "e": 7, "x": torch.randint(-5, 5, (2, 5), generator=gen)}
+    return {"ids": ids, "s": 2, "e": 7}
 
 
 def _short_range(gen, choice):
@@ -94,6 +94,15 @@ def rules() -> list[Rule]:
         Rule("embedding-grad-over-column-concat", "(embedding_grad (concat a b k na nb) ids n)",
              "(concat (embedding_grad a ids n) (embedding_grad b ids n) 1 na nb)", _column_grads,
              when=("(= k (ndim ids))",)),
+        # A lookup is position-wise over its ids: ids transposed ([s, b] of Megatron-style
+        # code), their lookups transposed alike.
+        Rule("lookup-of-transposed-ids", "(embedding w (transpose ids d e))",
+             "(transpose (embedding w ids) d e)",
+             lambda gen, c: {"w": tensor(gen, 5, 4), "d": 0, "e": 1,
+                             "ids": torch.randint(0, 5, (2, 6), generator=gen)}),
+        Rule("range-lookup-of-transposed-ids", "(embed_range w (transpose ids d e) s)",
+             "(transpose (embed_range w ids s) d e)",
+             lambda gen, c: {**_table_shifted(gen, c), "w": tensor(gen, 5, 4), "d": 0, "e": 1}),
         Rule("embedding-as-range", "(embedding w ids)", "(embed_range w ids 0)",
              lambda gen, c: {"w": tensor(gen, 5, 4), "ids": torch.randint(0, 5, (2, 6), generator=gen)}),
         Rule("embed-range-over-rows", "(embed_range (concat a b 0 na nb) ids s)",
@@ -103,9 +112,6 @@ def rules() -> list[Rule]:
                    "(= o (- 0 s))", "(= e (+ s (dimsize w 0)))")),
         Rule("out-of-range-is-not-in-range", f'(unary "bitwise_not" {IN_RANGE})', OUT_OF_RANGE,
              _in_range),
-        Rule("in-range-mask-times-ids",
-             f"(binary \"mul\" (unary \"cast|dtype='int64'\" {IN_RANGE}) x)",
-             f'(masked_fill x {OUT_OF_RANGE} "0")', _in_range),
         # A range shorter than the rank's rows (a vocab padded past its end): the lookup uses
         # the rows before the padding only.
         Rule("masked-lookup-short-range", MASKED_LOOKUP, "(embed_range (slice w 0 0 (- e s)) ids s)",

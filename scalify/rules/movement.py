@@ -206,6 +206,16 @@ def rules() -> list[Rule]:
              "(transpose (merge x b i) a b)",
              lambda gen, c: {"x": tensor(gen, 2, 3, 4, 5), "a": 0, "b": 1, "c": 2, "i": 4},
              when=("(= b (+ a 1))", "(= c (+ a 2))")),
+        # A merge of two dims passes a unit dim on either side (a row's statistic kept as
+        # [s, b, 1], its rows merged to [s * b, 1]).
+        Rule("merge-over-unsqueeze-after", "(merge (unsqueeze x k) d i)",
+             "(unsqueeze (merge x d i) (- k 1))",
+             lambda gen, c: {"x": tensor(gen, 2, 3, 4), "k": 2, "d": 0, "i": 3},
+             when=("(> k (+ d 1))",)),
+        Rule("merge-over-unsqueeze-before", "(merge (unsqueeze x k) d i)",
+             "(unsqueeze (merge x (- d 1) i) k)",
+             lambda gen, c: {"x": tensor(gen, 2, 3, 4), "k": 0, "d": 1, "i": 3},
+             when=("(< k d)",)),
         Rule("merge-unit-dim", "(merge x d i)", "(squeeze x d)",
              lambda gen, c: {"x": tensor(gen, 4, 1, 6), "d": 1, "i": 6},
              when=("(= (dimsize x d) 1)",)),

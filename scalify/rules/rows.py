@@ -61,22 +61,28 @@ def _regrouped(gen, choice):
 
 def _reshaped_rows(gen_shape: tuple[int, ...] = (2, 3)) -> list[Rule]:
     """A pick of each row's target (and its gradient, put back at the target) is row-wise:
-    rows merged ([b*s, v]) or transposed ([s, b, v]) alike with their targets give the merged
-    or transposed picks."""
+    rows merged ([b*s, v]) alike with their targets give the merged picks; rows transposed
+    ([s, b, v]) pick at the targets transposed."""
     def picks(gen, choice):
         return {"x": tensor(gen, *gen_shape, 5), "g": tensor(gen, *gen_shape),
                 "t": torch.randint(0, 5, gen_shape, generator=gen), "v": 5, "d": 0, "e": 1,
                 "i": gen_shape[1], "k": 2, "m": 1}
 
+    def transposed(gen, choice):
+        """Targets for the rows (and gradients) transposed."""
+        return {**picks(gen, choice), "t": torch.randint(0, 5, gen_shape[::-1], generator=gen)}
+
     return [
         Rule("take-over-merged-rows", "(take (merge x d i) (merge t d i) m)",
              "(merge (take x t (+ m 1)) d i)", picks, when=("(< d m)",)),
-        Rule("take-over-transposed-rows", "(take (transpose x d e) (transpose t d e) k)",
-             "(transpose (take x t k) d e)", picks, when=("(< d k)", "(< e k)")),
+        Rule("take-over-transposed-rows", "(take (transpose x d e) t k)",
+             "(transpose (take x (transpose t d e) k) d e)", transposed,
+             when=("(< d k)", "(< e k)")),
         Rule("untake-over-merged-rows", "(untake (merge g d i) (merge t d i) v m)",
              "(merge (untake g t v (+ m 1)) d i)", picks, when=("(< d m)",)),
-        Rule("untake-over-transposed-rows", "(untake (transpose g d e) (transpose t d e) v k)",
-             "(transpose (untake g t v k) d e)", picks, when=("(< d k)", "(< e k)")),
+        Rule("untake-over-transposed-rows", "(untake (transpose g d e) t v k)",
+             "(transpose (untake g (transpose t d e) v k) d e)", transposed,
+             when=("(< d k)", "(< e k)")),
     ]
 
 

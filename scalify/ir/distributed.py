@@ -251,13 +251,14 @@ def _constant_value(node: Node, inputs: list[torch.Tensor | None]) -> torch.Tens
     return value if tuple(value.shape) == node.shape else None
 
 
-def constant_terms(graph: Graph) -> dict[str, str]:
+def constant_terms(graph: Graph, values: dict[str, torch.Tensor | None] | None = None
+                   ) -> dict[str, str]:
     """The egglog term of every node that depends on no placeholder: a `(const "key")` leaf,
     except that broadcasts of constants stay `expand`/`unsqueeze` terms, and a constant of one
     value everywhere is the broadcast of that value, so a constant the size of the whole batch
     relates to each rank's smaller one. Any other node with the value of an earlier one gets
-    that one's term."""
-    values = constant_values(graph)
+    that one's term. `values`: `constant_values(graph)` where already computed."""
+    values = constant_values(graph) if values is None else values
     keys = constant_keys(graph, values)
     terms: dict[str, str] = {}
     by_key: dict[str, str] = {}

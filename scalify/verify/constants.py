@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..ir.distributed import constant_values
 from ..ir.graph import Graph
 from ..ir.ops import MOVEMENT, OPS
 from ..rules.terms import shape_facts
@@ -35,9 +34,10 @@ class ConstantOrigins:
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     values: dict[str, torch.Tensor] = field(default_factory=dict)
 
-    def add(self, graph: Graph, terms: dict[str, str]) -> None:
-        """The constant leaves of `graph`, whose node terms are `terms`."""
-        values = constant_values(graph)
+    def add(self, graph: Graph, terms: dict[str, str],
+            values: dict[str, torch.Tensor | None]) -> None:
+        """The constant leaves of `graph`, whose node terms are `terms` and values `values`
+        (`constant_values`)."""
         for node in graph:
             term = terms.get(node.name)
             if term is None or not _CONST.fullmatch(term):

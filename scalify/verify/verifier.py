@@ -16,7 +16,7 @@ from functools import cached_property
 from typing import Callable
 
 from ..errors import ShapeError
-from ..ir.distributed import COLLECTIVES, DistributedGraph, constant_terms
+from ..ir.distributed import COLLECTIVES, DistributedGraph, constant_terms, constant_values
 from ..ir.graph import Graph, Node, SourceLoc
 from ..ir.ops import MOVEMENT, OPS, RANDOM
 from ..ir.scaling import scalar_factor
@@ -120,15 +120,16 @@ class Verifier:
             options.iterations + unfold, options.memo, self.store, rank_families=dist.symbolic,
             context_parallel=options.context_parallel, limits=options.limits)
         self.users = dist.graph.users()
-        self.dist_const = constant_terms(dist.graph)
+        dist_values, ref_values = constant_values(dist.graph), constant_values(ref)
+        self.dist_const = constant_terms(dist.graph, dist_values)
         self.const_nodes: dict[str, set[str]] = {}  # the rank nodes of each constant term
         for name, term in self.dist_const.items():
             self.const_nodes.setdefault(term, set()).add(name)
-        self.ref_const = constant_terms(ref)
+        self.ref_const = constant_terms(ref, ref_values)
         self.ref_const_terms = set(self.ref_const.values())
         self.constants = ConstantOrigins()
-        self.constants.add(dist.graph, self.dist_const)
-        self.constants.add(ref, self.ref_const)
+        self.constants.add(dist.graph, self.dist_const, dist_values)
+        self.constants.add(ref, self.ref_const, ref_values)
         self.dist_opaque = opaque_dependents(dist.graph)  # rank values nothing is known about
         self.region = {n.name: region_of(n.source.module) for n in dist.graph}
         self.labels = {n.name: _label(n, "every rank" if dist.symbolic else

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import scalify
-from scalify.ir.distributed import constant_terms
+from scalify.ir.distributed import constant_terms, constant_values
 from scalify.ir.graph import Graph, Node
 from scalify.verify.constants import ConstantOrigins
 
@@ -79,7 +79,7 @@ def _constants(*values: torch.Tensor) -> tuple[ConstantOrigins, list[str]]:
                        tuple(value.shape), "float32"))
     terms = constant_terms(graph)
     constants = ConstantOrigins()
-    constants.add(graph, terms)
+    constants.add(graph, terms, constant_values(graph))
     return constants, [terms[f"c{i}"] for i in range(len(values))]
 
 

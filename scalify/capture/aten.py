@@ -1,6 +1,8 @@
 """Lowers aten and functional-collective ops (as seen at the dispatcher) into core IR ops."""
 from __future__ import annotations
 
+from math import prod
+
 from typing import Any, Callable
 
 import torch
@@ -213,7 +215,17 @@ def _masked_fill(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any)
 
 # Reductions and normalisations.
 def _reduce(b: GraphBuilder, op: str, x: Ref, dims: list[int], keepdim: bool) -> Ref:
+    """`op` over `dims` (every dim if empty). Adjacent dims are merged and reduced once, so a
+    sum over a whole `[b, s]` tensor is the sum over its flattened `[b * s]` view, as code that
+    flattens first writes it."""
     dims = sorted({_dim(d, len(x.shape)) for d in dims} if dims else range(len(x.shape)))
+    if len(dims) > 1 and dims == list(range(dims[0], dims[-1] + 1)):
+        shape, first, last = tuple(x.shape), dims[0], dims[-1] + 1
+        reduced = b.emit(op, [b.reshape(x, shape[:first] + (prod(shape[first:last]),) + shape[last:])],
+                         dim=first)
+        if keepdim:
+            return b.reshape(reduced, tuple(1 if d in dims else n for d, n in enumerate(shape)))
+        return b.emit("squeeze", [reduced], dim=first)
     for dim in dims:
         x = b.emit(op, [x], dim=dim)
     if not keepdim:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from ..errors import ScalifyError
-from .graph import Graph, Node
+from .graph import Graph, Node, SourceLoc
 from .ops import OPS, RANDOM
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
@@ -26,6 +26,9 @@ class DistributedGraph:
     rank_outputs: list[list[str]]
     order: dict[str, tuple[int, int]]  # (rank, position in that rank's program): a canonical order
     symbolic: bool = False  # one program stands for every rank (see ir/symmetry.py)
+    # the lines of the sends that carried each sent tensor to other ranks (the edges that
+    # replace send and recv have no line of their own)
+    sent_at: dict[str, tuple[SourceLoc, ...]] = field(default_factory=dict)
 
     def rank_of(self, name: str) -> int:
         return int(name[1:name.index("/")])
@@ -69,7 +72,13 @@ def merge_ranks(graphs: list[Graph]) -> DistributedGraph:
         merged.add(node)
     order = {qualified(r, node.name): (r, i) for r, g in enumerate(graphs)
              for i, node in enumerate(g.nodes)}
-    return DistributedGraph(merged, len(graphs), rank_outputs, order)
+    sent_at: dict[str, tuple[SourceLoc, ...]] = {}
+    for rank, graph in enumerate(graphs):
+        for node in graph:
+            if node.op == "send":
+                tensor = source(rank, node.inputs[0])
+                sent_at[tensor] = sent_at.get(tensor, ()) + (node.source,)
+    return DistributedGraph(merged, len(graphs), rank_outputs, order, sent_at=sent_at)
 
 
 def link_point_to_point(graphs: list[Graph]) -> dict[str, str]:

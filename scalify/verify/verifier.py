@@ -696,8 +696,9 @@ class Verifier:
         while queue and len(lines) <= limit:
             name = queue.popleft()
             node = self.dist.graph[name]
-            if node.source.file and node.source not in lines:
-                lines.append(node.source)
+            for line in (node.source, *self.dist.sent_at.get(name, ())):  # and the sends it took
+                if line.file and line not in lines:
+                    lines.append(line)
             if name in known and name not in starts or name in expected:
                 continue  # a value known equal to the reference's: where the ways part
             for arg in node.inputs:

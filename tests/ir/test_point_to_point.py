@@ -93,7 +93,7 @@ def _ring_member(rank: int, world: int, steps: int) -> Graph:
     held, total = "x", None
     for k in range(steps):
         graph.add(Node(f"s{k}", "send", (held,), (("peer", (rank + 1) % world), ("tag", 0)),
-                       SHAPE, "float32"))
+                       SHAPE, "float32", SourceLoc(f"rank{rank}.py", 10 + k)))
         graph.add(Node(f"r{k}", "recv", (), (("peer", (rank - 1) % world), ("shape", SHAPE),
                                              ("tag", 0)), SHAPE, "float32"))
         graph.add(Node(f"v{k}", "add", (total or "x", f"r{k}"), (), SHAPE, "float32"))
@@ -105,3 +105,9 @@ def test_a_forwarded_tensor_is_the_first_senders():
     merged = merge_ranks([_ring_member(rank, 3, 2) for rank in range(3)])
     assert merged.graph["r0/v0"].inputs == ("r0/x", "r2/x")
     assert merged.graph["r0/v1"].inputs == ("r0/v0", "r1/x")  # rank 2 forwarded rank 1's x
+
+
+def test_the_sends_that_carried_a_tensor_are_kept_for_the_report():
+    """Rank 1 sends its x, rank 2 forwards it: both lines are where rank 0 got it from."""
+    merged = merge_ranks([_ring_member(rank, 3, 2) for rank in range(3)])
+    assert merged.sent_at["r1/x"] == (SourceLoc("rank1.py", 10), SourceLoc("rank2.py", 11))

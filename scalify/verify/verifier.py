@@ -56,9 +56,7 @@ class VerifyOptions:
     max_window_nodes: int = 512
     backward_depth: int = 3
     iterations: int = 12  # plus 4 per rank: nested concats unfold one level per iteration
-    # reference ops in a row the ranks may compute without holding them (a loss the reference
-    # writes as log-sum-exp minus a pick, the ranks as minus a pick of the log-softmax)
-    fused_ops: int = 3
+    fused_ops: int = 0  # reference ops in a row the ranks may compute without holding them
     context_parallel: bool = False  # ranks hold sequence chunks (rules/context.py)
     memo: bool = True  # prove identical windows once
     memo_store: str | None = None  # SQLite file shared by runs

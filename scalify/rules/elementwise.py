@@ -195,4 +195,9 @@ def rules() -> list[Rule]:
         Rule("scaling-over-psum-right", "(binary f x (psum a b))",
              "(psum (binary f x a) (binary f x b))", _psum_example, when=("(scales_right f)",),
              families={"f": SCALES_RIGHT}),
+        # A zero fill is a product with the mask's complement (`ir/masks.py` writes such
+        # products as fills): it passes a partial sum the same way.
+        Rule("zero-fill-over-psum", '(masked_fill (psum a b) m "0.0")',
+             '(psum (masked_fill a m "0.0") (masked_fill b m "0.0"))',
+             lambda gen, c: {**_psum_example(gen, c), "m": tensor(gen, *SHAPE) > 0}),
     ]

@@ -11,6 +11,7 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import nn
 
+from .capture.dtensor import placements_held
 from .capture.hlo import lower_module
 from .capture.hlo_relations import (infer_output_placements, infer_placements as infer_hlo_placements,
                                     match_inputs, rename_inputs)
@@ -58,7 +59,8 @@ def verify_modules(reference: nn.Module, rank_module_factory: Callable[[int], nn
 
     `example_inputs` are reference-shaped tensors (meta, fake or real) passed to both forwards
     as keyword arguments (a tuple is named arg0, arg1, ...); `param_placements` maps reference
-    parameter/buffer names to placements (unlisted: Replicate); outputs default to Replicate.
+    parameter/buffer names to placements (unlisted: as the ranks hold them when they are
+    DTensors, e.g. after `parallelize_module`; else Replicate); outputs default to Replicate.
     `capture_workers > 1` captures ranks in forked processes as well as this one; `executor`
     (default: inline) proves the segments. With `grad`, both are captured with autograd on, so
     modules that return gradients (see `scalify.steps.training_step`) have their backward
@@ -76,7 +78,8 @@ def verify_modules(reference: nn.Module, rank_module_factory: Callable[[int], nn
                                              capture_workers=capture_workers, grad=grad)
     timings["capture_s"] = time.perf_counter() - start
     start = time.perf_counter()
-    placements = {**stated_placements(reference, world_size, param_placements, shard_fn),
+    placements = {**placements_held(rank_graphs),
+                  **stated_placements(reference, world_size, param_placements, shard_fn),
                   **input_placements}
     outputs = output_placements or [Replicate()] * len(ref_graph.outputs)
     return verify_graphs(ref_graph, rank_graphs, placements, outputs, numeric=numeric, name=name,
@@ -245,7 +248,7 @@ def verify(config: str | os.PathLike | dict | Experiment, *, numeric: bool | Non
 def _limits(experiment: Experiment) -> WindowLimits:
     options = experiment.verify
     return WindowLimits(options.window_nodes, options.window_seconds, options.window_search_nodes,
-                        options.window_settle_nodes)
+                        options.window_settle_nodes, options.window_escalate_nodes)
 
 
 def experiment_options(experiment: Experiment, fused_ops: int = 0) -> VerifyOptions:

@@ -122,7 +122,9 @@ class VerifyOptions:
     the loss (no gradients). A window past `window_nodes` e-nodes or `window_seconds` gives no
     answer, and the verdict is "unknown" rather than a guess; past `window_settle_nodes` e-nodes
     a window stops once it relates the op, and a context-parallel window stops searching past
-    `window_search_nodes` e-nodes and keeps what it related by then."""
+    `window_search_nodes` e-nodes and keeps what it related by then; a window that escalates to
+    the inverses of its reshapes grows to four times its e-nodes or `window_escalate_nodes`,
+    whichever is more."""
 
     backward: bool = False
     loss: bool = False
@@ -135,6 +137,7 @@ class VerifyOptions:
     window_seconds: int = 600
     window_search_nodes: int = 300_000
     window_settle_nodes: int = 20_000
+    window_escalate_nodes: int = 50_000
 
 
 @dataclass(frozen=True)
@@ -513,7 +516,8 @@ _SCHEMAS: dict[type, dict[str, Checker]] = {
     VerifyOptions: {"backward": _boolean, "loss": _boolean, "numeric": _boolean, "memo": _boolean, "memo_store": _optional_text,
                     "window_depth": _positive_int, "rank_symmetry": _boolean,
                     "window_nodes": _positive_int, "window_seconds": _positive_int,
-                    "window_search_nodes": _positive_int, "window_settle_nodes": _positive_int},
+                    "window_search_nodes": _positive_int, "window_settle_nodes": _positive_int,
+                    "window_escalate_nodes": _positive_int},
     TrackingSpec: {"enabled": _boolean, "uri": _text, "experiment": _text},
     EngineSpec: {"kind": _choice(*ENGINE_KINDS), "address": _optional_text, "actors": _positive_int,
                  "checkpoint": _optional_text},

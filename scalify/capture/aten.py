@@ -384,10 +384,35 @@ def _slice(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Re
     start = args[2] if len(args) > 2 and args[2] is not None else 0
     end = args[3] if len(args) > 3 and args[3] is not None else size
     step = args[4] if len(args) > 4 else 1
-    if step != 1:
-        raise CaptureError("aten.slice with a step other than 1 is not supported")
     start, end = max(0, min(_dim(start, size), size)), max(0, min(_dim(end, size), size))
+    if step != 1:
+        return _strided(b, x, dim, start, len(range(start, end, step)), step)
     return x if (start, end) == (0, size) else b.emit("slice", [x], dim=dim, start=start, end=end)
+
+
+def _strided(b: GraphBuilder, x: Ref, dim: int, start: int, count: int, step: int) -> Ref:
+    """Every `step`-th element of `x` along `dim` from `start`, `count` of them: the run they
+    span cut into rows of `step`, the first column of each. A last element with no full row
+    after it is sliced on its own."""
+    if count == 0:
+        raise CaptureError("aten.slice with a step that selects no element is not supported")
+    whole = count if start + count * step <= x.shape[dim] else count - 1
+    parts = []
+    if whole:
+        run = _cut(b, x, dim, start, start + whole * step)
+        rows = b.emit("split", [run], dim=dim, inner=step)
+        first = b.emit("slice", [rows], dim=dim + 1, start=0, end=1)
+        parts.append(b.emit("squeeze", [first], dim=dim + 1))
+    if whole < count:
+        last = start + whole * step
+        parts.append(b.emit("slice", [x], dim=dim, start=last, end=last + 1))
+    return b.concat(parts, dim) if len(parts) > 1 else parts[0]
+
+
+def _cut(b: GraphBuilder, x: Ref, dim: int, start: int, end: int) -> Ref:
+    """Elements `start:end` of `x` along `dim` (`x` itself when that is all of it)."""
+    whole = (start, end) == (0, x.shape[dim])
+    return x if whole else b.emit("slice", [x], dim=dim, start=start, end=end)
 
 
 @lowering("select")
@@ -497,9 +522,13 @@ def _pad(b: GraphBuilder, x: Ref, dim: int, before: int, after: int, value: Any 
 def _slice_backward(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
     grad, sizes, dim, start, end, step = args
     dim = _dim(dim, len(sizes))
-    if step != 1:
-        raise CaptureError("aten.slice_backward with a step other than 1 is not supported")
     start, end = max(0, min(_dim(start, sizes[dim]), sizes[dim])), min(end, sizes[dim])
+    if step != 1:  # each element at the head of a row of `step`, the rows laid end to end
+        count = grad.shape[dim]
+        rows = _pad(b, b.emit("unsqueeze", [grad], dim=dim + 1), dim + 1, 0, step - 1)
+        run = _cut(b, b.emit("merge", [rows], dim=dim, inner=step), dim, 0,
+                   min(count * step, sizes[dim] - start))
+        return _pad(b, run, dim, start, sizes[dim] - start - run.shape[dim])
     return _pad(b, grad, dim, start, sizes[dim] - end)
 
 

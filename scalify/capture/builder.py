@@ -50,9 +50,12 @@ class GraphBuilder:
         self.graph.add(node)
         return Ref(name, shape, dtype)
 
-    def emit_placeholder(self, target: str, kind: str, shape: tuple[int, ...], dtype: str) -> Ref:
-        """A program input (parameter, buffer or input) named by its target."""
-        node = Node(target, "placeholder", (), (("kind", kind), ("shape", shape), ("target", target)),
+    def emit_placeholder(self, target: str, kind: str, shape: tuple[int, ...], dtype: str,
+                         layout: tuple = ()) -> Ref:
+        """A program input (parameter, buffer or input) named by its target; `layout`: how this
+        rank holds it when it is a DTensor (`capture.dtensor.dtensor_layout`)."""
+        attrs = (("kind", kind), ("shape", shape), ("target", target))
+        node = Node(target, "placeholder", (), attrs + ((("layout", layout),) if layout else ()),
                     shape, dtype, SourceLoc(module=target))
         self.graph.add(node)
         return Ref(target, shape, dtype)

@@ -34,7 +34,7 @@ from .as_gpu import as_gpu, capture_device
 from .builder import GraphBuilder, Ref
 from .decompose import decomposition_of
 from .movement import canonical_movement
-from .dtensor import has_dtensor, local_tensor, sharding_propagation_unrecorded
+from .dtensor import dtensor_layout, has_dtensor, local_tensor, sharding_propagation_unrecorded
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _CAPTURE_DIR = os.path.dirname(__file__)
@@ -497,9 +497,10 @@ def capture(module: torch.nn.Module, call: Callable[[], Any], inputs: dict[str, 
     leaves += [("buffer", n, t) for n, t in module.named_buffers() if n not in built]
     leaves += [("input", n, t) for n, t in inputs.items()]
     for kind, name, tensor in leaves:
+        layout = dtensor_layout(tensor)
         tensor = local_tensor(tensor)
         shape, dtype = complex_pairs.held_as(tensor)
-        node_name = builder.emit_placeholder(name, kind, shape, dtype)
+        node_name = builder.emit_placeholder(name, kind, shape, dtype, layout)
         recorder.bind(tensor, node_name)
     hooks = [register_module_forward_pre_hook(sources.enter), register_module_forward_hook(sources.leave)]
     try:

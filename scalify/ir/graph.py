@@ -16,6 +16,7 @@ class SourceLoc:
     module: str = ""
     callers: tuple[str, ...] = ()
     backward: bool = False  # computed by the backward pass of the op at this line
+    scaled_at: tuple[str, ...] = ()  # `file:line`s whose scalar factors were moved into this op
 
     def __str__(self) -> str:
         where = f"{self.file}:{self.line}" if self.file else "<unknown>"

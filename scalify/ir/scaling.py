@@ -153,12 +153,14 @@ class _Pusher:
         factor = self._own_factor(node)
         if factor is not None:
             inner = self.scaled[node.inputs[0]]
-            return replace(inner, factor=inner.factor * factor, source=node.source)
+            return replace(inner, factor=inner.factor * factor,
+                           source=_scaled_again(node.source, inner))
         uniform = self._uniform_operand(node)
         if uniform is not None:
             index, factor = uniform
             inner = self.scaled[node.inputs[index]]
-            return replace(inner, factor=inner.factor * factor, source=node.source)
+            return replace(inner, factor=inner.factor * factor,
+                           source=_scaled_again(node.source, inner))
         parted = self._parted(node)
         return parted if parted is not None else self._through(node)
 
@@ -312,6 +314,16 @@ class _Pusher:
                         replace(value.source, module=module))
             self.written[key] = self.out.add(node).name
         return self.written[key]
+
+
+def _scaled_again(source: SourceLoc, earlier: Scaled) -> SourceLoc:
+    """`source`, naming the lines that scaled the value before it: their factors are written
+    down at `source` with its own."""
+    if earlier.factor == ONE or not earlier.source.file:
+        return source
+    here = f"{source.file}:{source.line}"
+    lines = (f"{earlier.source.file}:{earlier.source.line}", *earlier.source.scaled_at)
+    return replace(source, scaled_at=tuple(dict.fromkeys(line for line in lines if line != here)))
 
 
 def _piece(name: str, core: Node, dim: int, start: int, end: int) -> Node:

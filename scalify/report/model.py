@@ -29,11 +29,12 @@ class Discrepancy:
         return str(self.dist_source)
 
     def lines(self) -> set[tuple[str, int]]:
-        """Every distributed source line the discrepancy names, with the lines that called them."""
+        """Every distributed source line the discrepancy names, with the lines that called them
+        and the lines whose scalar factors were moved into them."""
         named = set()
         for loc in [self.dist_source, *self.path, *self.nearby]:
             named.add((loc.file, loc.line))
-            for caller in loc.callers:
+            for caller in (*loc.callers, *loc.scaled_at):
                 file, _, line = caller.rpartition(":")
                 named.add((file, int(line)))
         return named

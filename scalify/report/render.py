@@ -40,6 +40,8 @@ def print_summary(report: Report, console: Console) -> None:
         console.print(f"  distributed: [bold]{d.dist_source}[/]  {d.dist_source.code}")
         if d.dist_source.callers:
             console.print(f"    called from {', '.join(d.dist_source.callers)}")
+        if d.dist_source.scaled_at:
+            console.print(f"    also scaled at {', '.join(d.dist_source.scaled_at)}")
         console.print(f"  found: {d.found[:300]}")
         console.print(f"  expected: {d.expected}")
         console.print(f"  hint: {d.hint}")
@@ -102,7 +104,9 @@ def _discrepancy_html(number: int, d: Discrepancy) -> str:
 def _source_html(loc: SourceLoc, role: str) -> str:
     """`file:line`, module path, the code on that line and the user frames that called it."""
     callers = (f"<div class='callers'>called from {escape(', '.join(loc.callers))}</div>"
-               if loc.callers else "")
+               if loc.callers else "") + (
+        f"<div class='callers'>also scaled at {escape(', '.join(loc.scaled_at))}</div>"
+        if loc.scaled_at else "")
     return (f"<div class='source {role}'><code class='location'>{escape(str(loc))}</code> "
             f"<span class='module'>{escape(loc.module)}</span>"
             f"<pre class='code'>{escape(loc.code)}</pre>{callers}</div>")

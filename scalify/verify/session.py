@@ -84,12 +84,15 @@ class WindowLimits:
     """What one window's saturation may use: e-nodes (the prelude's included) and seconds.
     Past `settle_nodes` e-nodes a window stops as soon as it has its answer (a window that grows
     so regroups sums of blocks without end); a settling window stops searching past
-    `search_nodes` e-nodes and keeps what it found."""
+    `search_nodes` e-nodes and keeps what it found. A window that escalates to the inverses of
+    its reshapes grows to four times its e-nodes or `escalate_nodes`, whichever is more (up to
+    `search_nodes`): a small window finds the relation far out, a large one pays per e-node."""
 
     nodes: int = 5_000_000
     seconds: float = 600.0
     search_nodes: int = 300_000
     settle_nodes: int = 20_000
+    escalate_nodes: int = 50_000
 
 
 class EgglogSession:
@@ -177,8 +180,9 @@ class EgglogSession:
     def _saturate_escalating(self, egraph: bindings.EGraph, settled: Callable[[], bool]) -> list:
         """Saturate; where that leaves the window unsettled, name the inverses of its reshapes
         (costly on every window, needed by few) and saturate again, up to four times the
-        e-nodes it had. Past that or past `limits`, the window's answer is what it had without
-        them. Context-parallel windows, which settle on their own, do not escalate."""
+        e-nodes it had (see WindowLimits). Past that or past `limits`, the window's answer is
+        what it had without them. Context-parallel windows, which settle on their own, do not
+        escalate."""
         outputs = self._saturate(egraph, settled, self.rulesets)
         nodes = _nodes(outputs)
         if self.settle or nodes > self.limits.search_nodes or settled():
@@ -186,9 +190,13 @@ class EgglogSession:
         outputs += egraph.run_program(*egraph.parse_program(f"(run {INVERSES_RULESET} 1)"))
         try:
             return outputs + self._saturate(egraph, settled, self.rulesets,
-                                            stop_at=self.limits.search_nodes, before=nodes)
+                                            stop_at=self._escalation_bound(nodes), before=nodes)
         except WindowLimitExceeded:
             return outputs
+
+    def _escalation_bound(self, nodes: int) -> int:
+        limits = self.limits
+        return min(limits.search_nodes, max(4 * nodes, limits.escalate_nodes))
 
     def _saturate(self, egraph: bindings.EGraph, settled: Callable[[], bool],
                   rulesets: list[str], stop_at: int | None = None, before: int = 0) -> list:

@@ -35,6 +35,7 @@ from .relations import (Relation, Shape, describe, expected_output, family_relat
 from .segments import SegmentKey, segment_key
 from .session import EgglogSession, NoAnswer, WindowLimits
 from .store import MemoStore, ProofStore
+from .upstream import chain_lines, cut_lines
 
 _LAYER = re.compile(r"^(.*?\.\d+)(\.|$)")
 # Ops that only move data (a gather too): a window's depth does not count them, so a relation
@@ -411,12 +412,13 @@ class Verifier:
         if self.dist.symbolic:  # each relation equals the reference value on every rank
             lines += [f"(inv {term})" for r in inputs for term in _relational_parts(r.term)]
             lines.append(f"(set (world) {self.dist.world_size})")
-            # so does every rank tensor in the window that holds a whole reference value (a
-            # replicated input the ranks stack with this op's input and broadcast)
+            # so does every rank tensor in the window or the inputs' relations that holds a
+            # whole reference value (a replicated input the ranks stack with this op's input
+            # and broadcast; a replicated weight an input reads a slice of, which ranks cut too)
             replicated = {_bare_leaf(r.term) for r in relations.values() if r is not None}
-            mentioned = dict.fromkeys(a for d in defined for a in [d, *self.dist.graph[d].inputs])
-            lines += [f"(inv {leaf(name)})" for name in mentioned
-                      if name in replicated and name not in leaves_in]
+            mentioned = dict.fromkeys([*(a for d in defined for a in [d, *self.dist.graph[d].inputs]),
+                                       *leaves_in])
+            lines += [f"(inv {leaf(name)})" for name in mentioned if name in replicated]
         lines += self._definitions(defined)
         nodes = [node, *(self.dist.graph[d] for d in defined)]
         for trait, ops in WINDOW_TRAITS.items():
@@ -670,6 +672,10 @@ class Verifier:
             hint = _hint(node, found) + _layout_hint(self._sharded_inputs(node))
             if chosen:
                 path = self._parted_path(chosen, inputs, found, relations)
+        blamed = producer.name if partial is not None else chosen
+        if blamed:  # and where the value it reads was scaled and cut
+            upstream = chain_lines(self.dist.graph, blamed) + cut_lines(self.dist.graph, blamed)
+            path += [loc for loc in upstream if loc not in path and loc != primary]
         nearby = sent + list(dict.fromkeys(self.dist.graph[n].source for n in lowest))[:10]
         return Discrepancy(node.op, node.name, node.source.module, node.source, primary,
                            found=describe(found, self.labels),
@@ -762,7 +768,8 @@ class Verifier:
             found=describe(term, self.labels), expected=f"{placement} of the rank outputs",
             hint=f"the output relates to the ranks as {describe(term, self.labels)}, not as "
                  f"{placement}: check the last collective before the output",
-            nearby=[self.dist.graph[n].source for n in rank_outputs[:1]])
+            nearby=[self.dist.graph[n].source for n in rank_outputs[:1]],
+            path=cut_lines(self.dist.graph, first[0], limit=3) if first else [])
 
 
 def _reshapes(term: Term) -> int:

@@ -9,8 +9,11 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
+import scalify
+from scalify.capture.dtensor import placements_held
 from scalify.capture.ranks import capture_rank
 from scalify.errors import CaptureError
+from scalify.placements import Shard
 
 HIDDEN, FFN = 8, 16
 
@@ -73,3 +76,17 @@ def test_a_dtensor_error_names_the_module_and_line() -> None:
     inputs = {"x": torch.empty(2, 3, HIDDEN, device="meta")}
     with pytest.raises(CaptureError, match=r"^down at .*: .*mixed torch.Tensor and DTensor"):
         capture_rank(mixed, 0, 2, inputs, call)
+
+
+def test_the_placements_of_dtensor_parameters_are_read_from_every_rank() -> None:
+    world = 2
+    held = placements_held([captured(rank, world) for rank in range(world)])
+    assert held == {"up.weight": Shard(0), "down.weight": Shard(1)}
+
+
+def test_a_parallelized_module_verifies_with_no_placements_stated() -> None:
+    """The ranks' DTensor parameters say how they are cut: the user states nothing."""
+    report = scalify.verify_modules(
+        reference=MLP(), rank_module_factory=lambda rank: tp_mlp(rank, 2), world_size=2,
+        example_inputs={"x": torch.randn(2, 3, HIDDEN)}, numeric=True)
+    assert report.verdict == "verified" and report.numeric["agrees"]

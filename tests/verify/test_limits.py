@@ -68,7 +68,7 @@ def test_a_window_that_unites_tensors_of_two_sizes_gives_no_answer():
 
 
 @pytest.mark.parametrize("field", ["window_nodes", "window_seconds", "window_search_nodes",
-                                   "window_settle_nodes"])
+                                   "window_settle_nodes", "window_escalate_nodes"])
 def test_limits_must_be_positive(field):
     config = experiment("llama-tiny", "llama", 2)
     config["verify"][field] = 0
@@ -79,8 +79,19 @@ def test_limits_must_be_positive(field):
 def test_the_limits_are_read_from_the_config():
     config = experiment("llama-tiny", "llama", 2)
     config["verify"].update(window_nodes=9, window_seconds=8, window_search_nodes=7,
-                            window_settle_nodes=6)
-    assert _limits(load_experiment(config)) == WindowLimits(9, 8, search_nodes=7, settle_nodes=6)
+                            window_settle_nodes=6, window_escalate_nodes=5)
+    assert _limits(load_experiment(config)) == WindowLimits(9, 8, search_nodes=7, settle_nodes=6,
+                                                            escalate_nodes=5)
+
+
+def test_an_escalating_window_grows_to_four_times_its_size_or_the_escalation_floor():
+    """A small window escalates far (cheap, and the fused-QKV relation lies 8x out); a large one
+    at most fourfold (a window with no relation to find would pay for every e-node up to the
+    search bound)."""
+    session = EgglogSession(limits=WindowLimits(search_nodes=300_000, escalate_nodes=50_000))
+    assert session._escalation_bound(1_000) == 50_000
+    assert session._escalation_bound(20_000) == 80_000
+    assert session._escalation_bound(100_000) == 300_000
 
 
 def test_a_window_that_multiplies_its_size_stops_before_the_iteration_that_would_pass_limits():

@@ -61,16 +61,19 @@ class Regression(nn.Module):
 
 
 class BucketedDataParallel(Regression):
-    """Gradients flattened into one bucket, all-reduced in place, scaled by `factor` after."""
+    """Gradients flattened into one bucket (divided by `before` there, when it is given),
+    all-reduced in place, scaled by `factor` after."""
 
-    def __init__(self, factor: float) -> None:
+    def __init__(self, factor: float, before: int | None = None) -> None:
         super().__init__()
-        self.factor = factor
+        self.factor, self.before = factor, before
 
     def forward(self, x, y):
         loss = F.mse_loss(self.proj(x).squeeze(-1), y)
         grads = torch.autograd.grad(loss, list(self.proj.parameters()))
         bucket = torch.cat([g.reshape(-1) for g in grads])
+        if self.before:
+            bucket = bucket / self.before
         dist.all_reduce(bucket)
         bucket.mul_(self.factor)
         parts = bucket.split([g.numel() for g in grads])
@@ -97,3 +100,67 @@ def test_a_wrong_scale_after_the_all_reduce_is_named():
     lines, start = inspect.getsourcelines(BucketedDataParallel.forward)
     scale_line = start + next(i for i, text in enumerate(lines) if "mul_(" in text)
     assert (inspect.getsourcefile(BucketedDataParallel), scale_line) in report.discrepancies[0].lines()
+
+
+def test_a_bucket_scaled_before_and_after_its_all_reduce_names_both_lines():
+    report = scalify.verify_modules(
+        reference=Regression(), rank_module_factory=lambda rank: BucketedDataParallel(
+            1 / WORLD, before=WORLD),
+        world_size=WORLD, example_inputs={"x": torch.randn(4, HIDDEN), "y": torch.randn(4)},
+        input_placements={"x": scalify.Shard(0), "y": scalify.Shard(0)},
+        output_placements=[scalify.Replicate()] * 3, grad=True)
+    assert report.verdict == "discrepancy"
+    lines, start = inspect.getsourcelines(BucketedDataParallel.forward)
+    scalings = {start + i for i, text in enumerate(lines)
+                if text.endswith("/ self.before\n") or "mul_(" in text}
+    named = {line for file, line in report.discrepancies[0].lines()
+             if file == inspect.getsourcefile(BucketedDataParallel)}
+    assert len(scalings) == 2 and scalings <= named
+
+
+ROWS = 4  # of the stacked gate and up weights (few: a strided cut relates row by row)
+
+
+class StackedGatedMLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate_up = nn.Parameter(torch.randn(2, ROWS, HIDDEN))
+
+    def forward(self, x):
+        return F.silu(x @ self.gate_up[0].T) * (x @ self.gate_up[1].T)
+
+
+class CutInCode(StackedGatedMLP):
+    """Holds the full stacked weight and cuts its own rows of the gate and up weights: a block
+    of rows, or (wrongly) every other row."""
+
+    def __init__(self, rank: int, strided: bool) -> None:
+        super().__init__()
+        self.rank, self.strided = rank, strided
+
+    def forward(self, x):
+        part = ROWS // WORLD
+        if self.strided:
+            gate_up = self.gate_up[:, self.rank::WORLD]
+        else:
+            gate_up = self.gate_up[:, self.rank * part:(self.rank + 1) * part]
+        return F.silu(x @ gate_up[0].T) * (x @ gate_up[1].T)
+
+
+def _cut(strided: bool):
+    return scalify.verify_modules(
+        reference=StackedGatedMLP(),
+        rank_module_factory=lambda rank: CutInCode(rank, strided), world_size=WORLD,
+        example_inputs={"x": torch.randn(4, HIDDEN)}, output_placements=[scalify.Shard(1)])
+
+
+def test_weights_cut_in_code_by_blocks_of_rows_verify():
+    assert _cut(strided=False).verdict == "verified"
+
+
+def test_weights_cut_by_strided_rows_name_the_cut():
+    report = _cut(strided=True)
+    assert report.verdict == "discrepancy"
+    lines, start = inspect.getsourcelines(CutInCode.forward)
+    cut_line = start + next(i for i, text in enumerate(lines) if "::WORLD]" in text)
+    assert (inspect.getsourcefile(CutInCode), cut_line) in report.discrepancies[0].lines()

@@ -65,6 +65,10 @@ def _shape_op_rules() -> list[Rule]:
              "(unsqueeze (cmp_int f t v) d)", _targets, families={"f": COMPARISONS}),
         Rule("add-int-over-unsqueeze", "(add_int (unsqueeze t d) v)", "(unsqueeze (add_int t v) d)",
              _targets),
+        # A range test on ids moved into local numbering (`ids - start < 0`) is a test on the
+        # ids themselves (`ids < start`): nanotron and fairscale mask after shifting.
+        Rule("compare-of-shifted", "(cmp_int f (add_int t o) v)", "(cmp_int f t (- v o))",
+             lambda gen, c: {**_targets(gen, c), "o": -3}, families={"f": COMPARISONS}),
         Rule("masked-fill-over-unsqueezes", "(masked_fill (unsqueeze x d) (unsqueeze m d) f)",
              "(unsqueeze (masked_fill x m f) d)",
              lambda gen, c: {"x": tensor(gen, 3, 5), "m": tensor(gen, 3, 5) > 0, "d": 1,

@@ -114,6 +114,13 @@ def _row_wise() -> list[Rule]:
         Rule("add-int-over-rcat", "(add_int (rcat x d s) v)", "(rcat (add_int x v) d s)", compare),
         Rule("rank-compare-over-unsqueeze", "(cmp_int_r f (unsqueeze t d) a b)",
              "(unsqueeze (cmp_int_r f t a b) d)", targets, families={"f": COMPARISONS}),
+        # Range tests on ids shifted by each rank's start: tests on the ids themselves.
+        Rule("rank-compare-of-rank-shifted", "(cmp_int f (add_int_r t a b) v)",
+             "(cmp_int_r f t (- 0 a) (- v b))",
+             lambda gen, c: {**targets(gen, c), "v": 3}, families={"f": COMPARISONS}),
+        Rule("rank-compare-of-shifted", "(cmp_int_r f (add_int t o) a b)",
+             "(cmp_int_r f t a (- b o))",
+             lambda gen, c: {**targets(gen, c), "o": -3}, families={"f": COMPARISONS}),
         Rule("rank-add-int-over-unsqueeze", "(add_int_r (unsqueeze t d) a b)",
              "(unsqueeze (add_int_r t a b) d)", targets),
         Rule("masked-fill-over-rcats", "(masked_fill (rcat x d s) (rcat m d s) v)",

@@ -1,7 +1,8 @@
 """A vocab-parallel embedding over a vocabulary padded to a multiple of the shard size, with
 vLLM's range test (`ids >= start & ids < end`, the lookup of `mask * (ids - start)`): the last
-rank's range ends at the real vocabulary, short of its padded rows. It verifies; a range that
-leaves out each rank's first id is caught at its line."""
+rank's range ends at the real vocabulary, short of its padded rows. It verifies, and so does the
+range tested on ids in the rank's numbering (nanotron); a range that leaves out each rank's
+first id is caught at its line."""
 import inspect
 
 import torch
@@ -67,3 +68,19 @@ def test_a_range_that_leaves_out_its_first_id_is_caught_at_its_line():
     assert report.verdict == "discrepancy"
     line = inspect.getsourcelines(ExclusiveStart.in_range)[1] + 1
     assert (__file__, line) in report.discrepancies[0].lines()
+
+
+class LocalIdsMask(PaddedVocabEmbedding):
+    """nanotron's form: the ids moved into the rank's numbering first, the range tested there."""
+
+    def forward(self, ids):
+        local = ids - self.start
+        mask = (local < 0) | (local >= self.end - self.start)
+        out = F.embedding(local.masked_fill(mask, 0), self.weight) * ~mask.unsqueeze(-1)
+        dist.all_reduce(out)
+        return out
+
+
+def test_a_range_tested_on_ids_in_the_ranks_numbering_verifies():
+    report = _verify(LocalIdsMask)
+    assert report.verdict == "verified", report.summary()

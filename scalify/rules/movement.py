@@ -8,6 +8,7 @@ import torch
 
 from .base import Rule
 from .examples import concat_parts, tensor
+from .terms import evaluate, parse
 
 SHAPE = (4, 6, 2, 3)
 
@@ -31,6 +32,11 @@ def _with(dim: int, first: int, shape: tuple[int, ...] = SHAPE, **extra):
         env["c"] = env.pop("d")
         return {**env, **extra}
     return example
+
+
+def _merged_groups(gen, choice):
+    env = {"x": tensor(gen, 4, 3, 2, 5), "d": 1, "i": 2, "j": 1, "k": 2}
+    return {**env, "m": evaluate(parse("(merge x d i)"), env)}
 
 
 def _interchange(gen, choice):
@@ -183,6 +189,11 @@ def rules() -> list[Rule]:
              "(squeeze (slice x d (/ s i) (+ (/ s i) 1)) d)",
              lambda gen, c: {"x": tensor(gen, 4, 3, 2, 5), "d": 1, "i": 2, "s": 2, "e": 4},
              when=("(= (- e s) i)", "(= (% s i) 0)")),
+        # And back: a group taken by index where the merge is at hand is that merge's slice (a
+        # weight cut in code and flattened to [gate | up] rows, read as gate and up apart).
+        Rule("one-group-as-merge-slice", "(squeeze (slice x d j k) d)",
+             "(slice (merge x d i) d (* j i) (* k i))",
+             _merged_groups, when=("(= m (merge x d i))", "(= k (+ j 1))")),
         Rule("slice-whole", "(slice x d 0 n)", "x",
              lambda gen, c: {"x": tensor(gen, *SHAPE), "d": 1, "n": SHAPE[1]},
              when=("(= (dimsize x d) n)",)),

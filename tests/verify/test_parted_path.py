@@ -147,15 +147,29 @@ class CutInCode(StackedGatedMLP):
         return F.silu(x @ gate_up[0].T) * (x @ gate_up[1].T)
 
 
-def _cut(strided: bool):
+class CutAndFused(CutInCode):
+    """Cuts its block of gate and up rows and multiplies once by them stacked ([gate | up])."""
+
+    def forward(self, x):
+        part = ROWS // WORLD
+        local = self.gate_up[:, self.rank * part:(self.rank + 1) * part].flatten(0, 1)
+        gate, up = (x @ local.T).chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+
+def _cut(strided: bool, module: type = CutInCode):
     return scalify.verify_modules(
         reference=StackedGatedMLP(),
-        rank_module_factory=lambda rank: CutInCode(rank, strided), world_size=WORLD,
+        rank_module_factory=lambda rank: module(rank, strided), world_size=WORLD,
         example_inputs={"x": torch.randn(4, HIDDEN)}, output_placements=[scalify.Shard(1)])
 
 
 def test_weights_cut_in_code_by_blocks_of_rows_verify():
     assert _cut(strided=False).verdict == "verified"
+
+
+def test_weights_cut_in_code_and_fused_verify():
+    assert _cut(strided=False, module=CutAndFused).verdict == "verified"
 
 
 def test_weights_cut_by_strided_rows_name_the_cut():

@@ -3,7 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test corpus matrix soundness browser bench bench-scar clean
+.PHONY: venv demo test test-slow corpus matrix soundness browser bench bench-scar clean
 
 venv: $(STAMP)
 
@@ -20,7 +20,12 @@ demo: venv
 TEST_WORKERS ?= 2
 
 test: venv
-	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
+	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not slow"
+
+# The tests of minutes each (marked `slow`: the fused-QKV training cells of the matrix, a
+# planted bug in neuronx's fused QKV); CI runs them after `make test`.
+test-slow: venv
+	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m slow
 
 # The blind corpus (tests/corpus): each case checked on gloo processes, then verified; prints
 # the table per style and step (ARGS=style/ or a case name to run some).

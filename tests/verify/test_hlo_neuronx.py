@@ -134,6 +134,7 @@ def _planted(tmp_path: Path, correct: str, wrong: str) -> Path:
     return planted
 
 
+@pytest.mark.slow
 def test_planted_slice_of_the_fused_qkv_output_is_reported_at_its_instruction(tmp_path):
     """Rank k heads sliced from the v columns of the fused QKV product: the discrepancy names
     the edited HLO instruction and the Python line it records."""

@@ -85,6 +85,8 @@ def _unify(node: Node, peers: list[Node], graph: Graph) -> tuple[Node | None, st
             return None, f"{node.source}: the ranks run different {node.op} ops here"
     attrs = []
     for index, (key, value) in enumerate(node.attrs):
+        if key == "layout":  # how each rank holds a DTensor input: read into its placement
+            continue
         values = [peer.attrs[index][1] for peer in peers]
         if all(v == value for v in values):
             attrs.append((key, value))

@@ -90,3 +90,4 @@ def test_a_parallelized_module_verifies_with_no_placements_stated() -> None:
         reference=MLP(), rank_module_factory=lambda rank: tp_mlp(rank, 2), world_size=2,
         example_inputs={"x": torch.randn(2, 3, HIDDEN)}, numeric=True)
     assert report.verdict == "verified" and report.numeric["agrees"]
+    assert report.stats["rank_symmetry"] == "used"  # the ranks' layouts differ; programs do not

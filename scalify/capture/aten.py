@@ -387,7 +387,7 @@ def _slice(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Re
     start, end = max(0, min(_dim(start, size), size)), max(0, min(_dim(end, size), size))
     if step != 1:
         return _strided(b, x, dim, start, len(range(start, end, step)), step)
-    return x if (start, end) == (0, size) else b.emit("slice", [x], dim=dim, start=start, end=end)
+    return _cut(b, x, dim, start, end)
 
 
 def _strided(b: GraphBuilder, x: Ref, dim: int, start: int, count: int, step: int) -> Ref:
@@ -437,8 +437,7 @@ def _split(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Re
     pieces, start = [], 0
     for piece in out:
         end = start + piece.shape[dim]
-        pieces.append(x if (start, end) == (0, x.shape[dim])
-                      else b.emit("slice", [x], dim=dim, start=start, end=end))
+        pieces.append(_cut(b, x, dim, start, end))
         start = end
     return pieces
 

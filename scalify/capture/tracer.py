@@ -34,6 +34,7 @@ from .as_gpu import as_gpu, capture_device
 from .builder import GraphBuilder, Ref
 from .decompose import decomposition_of
 from .movement import canonical_movement
+from .passed_on import PassedOn
 from .dtensor import dtensor_layout, has_dtensor, local_tensor, sharding_propagation_unrecorded
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
@@ -149,6 +150,7 @@ class _Recorder(TorchDispatchMode):
         self.builder = builder
         self.sources = sources
         self.group_ranks = group_ranks
+        self.passed_on = PassedOn(builder.graph, lambda filename: not _outside_user_code(filename))
         # id -> (tensor, its node, when it was bound): a view read after its base was bound
         # again (written in place, or through another view) is derived from the base again
         self.refs: dict[int, tuple[torch.Tensor, Ref, int]] = {}
@@ -158,6 +160,15 @@ class _Recorder(TorchDispatchMode):
     def bind(self, tensor: torch.Tensor, ref: Ref) -> None:
         self._binds += 1
         self.refs[id(tensor)] = (tensor, ref, self._binds)
+
+    def node_of(self, tensor: torch.Tensor) -> str | None:
+        """The node holding `tensor` (or the base it views whole), recording nothing."""
+        base = tensor._base
+        for held in (tensor, base if base is not None and base.shape == tensor.shape else None):
+            entry = self.refs.get(id(held)) if held is not None else None
+            if entry is not None and entry[0] is held:
+                return entry[1].name
+        return None
 
     def holds(self, tensor: torch.Tensor) -> bool:
         """Whether `tensor` (or the base it views) is a value of the captured program."""
@@ -266,6 +277,9 @@ class _Recorder(TorchDispatchMode):
             reason = (str(error) if name in LOWERINGS
                       else "no lowering to the core IR and no decomposition into lowered ops")
             result = opaque(self.builder, str(func.overloadpacket), tensors, out, reason)
+        if isinstance(result, Ref) and any(isinstance(a, Ref) and a.name == result.name
+                                           for a in tree_leaves(ref_args)):  # passed on as is
+            self.passed_on.add_source(result.name, self.builder.source)
         if func.namespace == "c10d":  # send/recv return a Work; recv fills its buffer
             self._bind_result(args[0][0] if name == "recv" else None, result)
         else:
@@ -320,6 +334,7 @@ class _Recorder(TorchDispatchMode):
         """An in-place c10d collective: rebind the tensors it overwrites to its result (to
         opaque values if it cannot be lowered)."""
         self.builder.source = self.sources.current()
+        first_new = len(self.builder.graph)
         try:
             lowering = c10d.LOWERINGS.get(func.overloadpacket.__name__)
             if lowering is None:
@@ -331,10 +346,23 @@ class _Recorder(TorchDispatchMode):
                                               if isinstance(t, torch.Tensor)])]
             refs = opaque(self.builder, str(func.overloadpacket), inputs, written, str(error))
             rebinds = list(zip(written, refs))
+        self._buffers_written(rebinds, first_new)
         for tensor, ref in rebinds:
             self.bind(tensor, ref)
         for tensor, _ in rebinds:
             self._write_through(tensor)
+
+    def _buffers_written(self, rebinds: list[tuple[torch.Tensor, Ref]], first_new: int) -> None:
+        """A collective wrote its result into buffers it does not read (an all_gather into a
+        list of views): the lines that made them are where the result was passed on."""
+        graph = self.builder.graph
+        read = {name for node in graph.nodes[first_new:] for name in node.inputs}
+        for tensor, ref in rebinds:
+            before = self.node_of(tensor)
+            if before is not None and before not in read and before != ref.name:
+                source = graph[before].source
+                if source.file:
+                    self.passed_on.add(ref.name, f"{source.file}:{source.line}")
 
     def _decompose(self, func: Any, decomposition: Callable, args: tuple, kwargs: dict) -> Any:
         """Run `decomposition` with this recorder on, so its pieces are recorded (an op it
@@ -506,7 +534,7 @@ def capture(module: torch.nn.Module, call: Callable[[], Any], inputs: dict[str, 
     try:
         with (torch.set_grad_enabled(grad), sharding_propagation_unrecorded(),
               functional_collectives_waited(), as_gpu(capture_device(inputs)), recorder,
-              _PythonLevelCalls(recorder)):
+              _PythonLevelCalls(recorder), recorder.passed_on.returns(recorder.node_of)):
             result = call()
     except RuntimeError as error:  # raised outside the recorder's own calls, e.g. by DTensor
         raise CaptureError(f"{sources.failure(error)}: {str(error).splitlines()[0]}") from None
@@ -516,4 +544,4 @@ def capture(module: torch.nn.Module, call: Callable[[], Any], inputs: dict[str, 
     outputs = result if isinstance(result, (tuple, list)) else [result]
     graph = builder.graph
     graph.outputs = [recorder.ref(local_tensor(t)).name for t in outputs]
-    return canonical_movement(graph.pruned())
+    return canonical_movement(recorder.passed_on.written_into(graph.pruned()))

@@ -17,6 +17,7 @@ class SourceLoc:
     callers: tuple[str, ...] = ()
     backward: bool = False  # computed by the backward pass of the op at this line
     scaled_at: tuple[str, ...] = ()  # `file:line`s whose scalar factors were moved into this op
+    passed_at: tuple[str, ...] = ()  # `file:line`s that passed this value on unchanged
 
     def __str__(self) -> str:
         where = f"{self.file}:{self.line}" if self.file else "<unknown>"

@@ -30,11 +30,12 @@ class Discrepancy:
 
     def lines(self) -> set[tuple[str, int]]:
         """Every distributed source line the discrepancy names, with the lines that called them
-        and the lines whose scalar factors were moved into them."""
+        the lines whose scalar factors were moved into them and the lines that passed their
+        values on (returned, copied, or wrote them into a buffer)."""
         named = set()
         for loc in [self.dist_source, *self.path, *self.nearby]:
             named.add((loc.file, loc.line))
-            for caller in (*loc.callers, *loc.scaled_at):
+            for caller in (*loc.callers, *loc.scaled_at, *loc.passed_at):
                 file, _, line = caller.rpartition(":")
                 named.add((file, int(line)))
         return named

@@ -42,11 +42,15 @@ def print_summary(report: Report, console: Console) -> None:
             console.print(f"    called from {', '.join(d.dist_source.callers)}")
         if d.dist_source.scaled_at:
             console.print(f"    also scaled at {', '.join(d.dist_source.scaled_at)}")
+        if d.dist_source.passed_at:
+            console.print(f"    passed on at {', '.join(d.dist_source.passed_at)}")
         console.print(f"  found: {d.found[:300]}")
         console.print(f"  expected: {d.expected}")
         console.print(f"  hint: {d.hint}")
         for loc in d.path:
             console.print(f"  rank op it depends on: {loc}  {loc.code}")
+            if loc.passed_at:
+                console.print(f"    passed on at {', '.join(loc.passed_at)}")
         for placement in d.placements:
             console.print(f"  placement: {placement}")
 
@@ -106,7 +110,9 @@ def _source_html(loc: SourceLoc, role: str) -> str:
     callers = (f"<div class='callers'>called from {escape(', '.join(loc.callers))}</div>"
                if loc.callers else "") + (
         f"<div class='callers'>also scaled at {escape(', '.join(loc.scaled_at))}</div>"
-        if loc.scaled_at else "")
+        if loc.scaled_at else "") + (
+        f"<div class='callers'>passed on at {escape(', '.join(loc.passed_at))}</div>"
+        if loc.passed_at else "")
     return (f"<div class='source {role}'><code class='location'>{escape(str(loc))}</code> "
             f"<span class='module'>{escape(loc.module)}</span>"
             f"<pre class='code'>{escape(loc.code)}</pre>{callers}</div>")

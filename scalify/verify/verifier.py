@@ -586,7 +586,7 @@ class Verifier:
                                       f"({opaque_sources(self.dist.graph, opaque)})")
             elif not holds:
                 result.discrepancies.append(self._output_discrepancy(
-                    self.ref[output], relation, placement, rank_outputs))
+                    self.ref[output], relation, placement, rank_outputs, relations))
 
     def _expected_output(self, placement: Placement, rank_outputs: list[str],
                          shapes: list[Shape], ref_shape: Shape) -> list[str]:
@@ -759,17 +759,45 @@ class Verifier:
         return found
 
     def _output_discrepancy(self, node: Node, relation: Relation, placement: Placement,
-                            rank_outputs: list[str]) -> Discrepancy:
+                            rank_outputs: list[str], relations: dict[str, Relation | None]
+                            ) -> Discrepancy:
         term = parse(relation.term)
         first = leaves(term)
         source = self.dist.graph[first[0]].source if first else SourceLoc()
+        cuts = cut_lines(self.dist.graph, first[0], limit=3) if first else []
+        carried = self._partial_carriers(node.name, relations) if _partial(term) else []
         return Discrepancy(
             "output", node.name, node.source.module, node.source, source,
             found=describe(term, self.labels), expected=f"{placement} of the rank outputs",
             hint=f"the output relates to the ranks as {describe(term, self.labels)}, not as "
                  f"{placement}: check the last collective before the output",
             nearby=[self.dist.graph[n].source for n in rank_outputs[:1]],
-            path=cut_lines(self.dist.graph, first[0], limit=3) if first else [])
+            path=[*carried, *(loc for loc in cuts if loc not in carried)])
+
+    def _partial_carriers(self, output: str, relations: dict[str, Relation | None],
+                          limit: int = 6) -> list[SourceLoc]:
+        """The rank ops that carry a partial sum to `output`, from where it arises on: the
+        reduction over ranks is missing on one of them (a layer returning its partial sum, a
+        backward region passing the gradient on without its all-reduce)."""
+        region, seen, stack = [], {output}, [output]
+        while stack:
+            name = stack.pop()
+            relation = relations.get(name)
+            if relation is None or _partial(parse(relation.term)) is None:
+                continue
+            region.append(name)
+            for arg in self.ref[name].inputs:
+                if arg not in seen:
+                    seen.add(arg)
+                    stack.append(arg)
+        order = {node.name: index for index, node in enumerate(self.ref)}
+        lines: list[SourceLoc] = []
+        for name in sorted(region, key=order.get):
+            for rank_name in relations[name].leaf_names():
+                loc = self.dist.graph[rank_name].source
+                if loc.file and loc not in lines and len(lines) < limit:
+                    lines.append(loc)
+        return lines
 
 
 def _reshapes(term: Term) -> int:

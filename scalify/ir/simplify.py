@@ -3,7 +3,9 @@ two dims is its input (autograd writes `t().t()`, and implementations differ in 
 transpose), so neither program's windows hold the round trip; and a pure op applied again to
 the same inputs with the same attributes (the backward of a loss recomputing `out - target`, a
 mask built twice) is its first application, so the ops that read either copy meet at one
-tensor in the windows that relate them."""
+tensor in the windows that relate them. A norm raised to its order again (`torch.norm(g) ** 2`,
+as gradient clipping sums norms) is the sum it was the root of, and an addition of zero is its
+other operand (`without_zero_additions`)."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -19,9 +21,9 @@ _DISTINCT_OPS = frozenset({"opaque"})
 
 
 def simplified(graph: Graph) -> Graph:
-    """The graph without transpose round trips and repeated applications, its attention masks
-    as fills (`masks.py`)."""
-    return without_repeats(masks_as_fills(without_double_transposes(graph)))
+    """The graph without transpose round trips, root-then-power round trips and repeated
+    applications, its attention masks as fills (`masks.py`)."""
+    return without_repeats(masks_as_fills(without_root_powers(without_double_transposes(graph))))
 
 
 def _dims(node: Node) -> frozenset[int]:
@@ -75,3 +77,83 @@ def without_repeats(graph: Graph) -> Graph:
         result.add(node)
     result.outputs = [alias.get(o, o) for o in graph.outputs]
     return result
+
+
+_ZERO_BROADCASTS = frozenset({"expand", "unsqueeze", "squeeze"})
+
+
+def without_zero_additions(graph: Graph) -> Graph:
+    """The graph with every addition of zero replaced by its other operand (its users read
+    that one instead; zeros no other op reads are dropped): `x + 0` of floats, as Python's
+    `sum()` starts, and `zeros + x` where x has the result's shape and dtype, as a norm
+    accumulated into `torch.zeros(1)` starts. Applied to a rank's program only where ranks are
+    not matched into one symbolic program (a rank's offset of 0 is the family's offset there)."""
+    alias: dict[str, str] = {}
+    zeros: set[str] = set()  # zero fills, and broadcasts of them
+    result = Graph()
+    for node in graph:
+        node = replace(node, inputs=tuple(alias.get(i, i) for i in node.inputs))
+        if node.op == "full" and node.attr("value") == 0 or (
+                node.op in _ZERO_BROADCASTS and node.inputs[0] in zeros):
+            zeros.add(node.name)
+        kept = _other_than_zero(node, zeros, result)
+        if kept is not None:
+            alias[node.name] = kept
+            continue
+        result.add(node)
+    result.outputs = [alias.get(o, o) for o in graph.outputs]
+    return result.pruned() if alias else result  # (the zeros no other op reads)
+
+
+def _other_than_zero(node: Node, zeros: set[str], graph: Graph) -> str | None:
+    """The operand `node` adds zero to, if it does and the sum is that operand as it is."""
+    if node.op == "add_scalar" and node.attr("value") == 0 and node.dtype.startswith(
+            ("float", "bfloat")):  # (integer ids shifted by 0 keep the shift range rules read)
+        candidates = [node.inputs[0]]
+    elif node.op == "add" and len(node.inputs) == 2:
+        a, b = node.inputs
+        candidates = [a] if b in zeros else [b] if a in zeros else []
+    elif node.op == "sub" and len(node.inputs) == 2 and node.inputs[1] in zeros:
+        candidates = [node.inputs[0]]
+    else:
+        return None
+    return next((name for name in candidates if graph[name].shape == node.shape
+                 and graph[name].dtype == node.dtype), None)
+
+
+_NON_NEGATIVE_KEEPING = frozenset({"sum", "squeeze", "unsqueeze", "expand", "merge", "split",
+                                   "transpose", "add"})
+
+
+def without_root_powers(graph: Graph) -> Graph:
+    """The graph with every `(x ** (1/p)) ** p` of a non-negative x replaced by x (its users
+    read x instead, and a root no other op reads is dropped): a sum of squares raised to 0.5
+    and squared again is that sum."""
+    alias: dict[str, str] = {}
+    result = Graph()
+    for node in graph:
+        node = replace(node, inputs=tuple(alias.get(i, i) for i in node.inputs))
+        inner = result[node.inputs[0]] if node.op == "pow_scalar" else None
+        if (inner is not None and inner.op == "pow_scalar" and _reciprocal(
+                inner.attr("value"), node.attr("value")) and _non_negative(result, inner.inputs[0])
+                and result[inner.inputs[0]].shape == node.shape):
+            alias[node.name] = inner.inputs[0]
+            continue
+        result.add(node)
+    result.outputs = [alias.get(o, o) for o in graph.outputs]
+    return result.pruned() if alias else result  # (the roots no other op reads)
+
+
+def _reciprocal(root: object, power: object) -> bool:
+    return isinstance(root, (int, float)) and isinstance(power, (int, float)) and power != 0 and (
+        abs(root * power - 1) < 1e-12)
+
+
+def _non_negative(graph: Graph, name: str) -> bool:
+    """Whether node `name` is non-negative by construction: an even power or an absolute value,
+    moved, summed or added."""
+    node = graph[name]
+    if node.op == "abs" or node.op == "pow_scalar" and node.attr("value") in (2, 2.0, 4, 4.0):
+        return True
+    return node.op in _NON_NEGATIVE_KEEPING and bool(node.inputs) and all(
+        _non_negative(graph, i) for i in node.inputs)

@@ -1,9 +1,15 @@
-"""A transpose that undoes its input's transpose, and a pure op applied again to the same inputs,
-are removed before verification."""
+"""A transpose that undoes its input's transpose, a pure op applied again to the same inputs, a
+norm raised to its order again and an addition of zero are removed before verification."""
 from __future__ import annotations
 
+import torch
+from torch import nn
+
+from scalify.capture.tracer import capture
 from scalify.ir.graph import Graph, Node
-from scalify.ir.simplify import without_double_transposes, without_repeats
+from scalify.ir.simplify import (without_double_transposes, without_repeats,
+                                 without_root_powers, without_zero_additions)
+from scalify.verify.numeric import run_graph
 
 
 def _transpose(name: str, source: str, dims: tuple[int, int], shape: tuple[int, ...]) -> Node:
@@ -58,3 +64,47 @@ def test_a_repeated_pure_op_is_its_first_application() -> None:
 
 def test_collectives_stay_apart() -> None:
     assert "again" in without_repeats(_twice("all_reduce"))
+
+
+def _captured(program, x: torch.Tensor) -> Graph:
+    return capture(nn.Module(), lambda: program(x), {"x": x})
+
+
+def _same_numbers(before: Graph, after: Graph, x: torch.Tensor) -> bool:
+    values = [run_graph(graph, {"x": x}) for graph in (before, after)]
+    return all(torch.allclose(values[0][a].double(), values[1][b].double())
+               for a, b in zip(before.outputs, after.outputs))
+
+
+def _ops(graph: Graph) -> list[str]:
+    return [node.op for node in graph if node.op != "placeholder"]
+
+
+def _clipping_norm(x):
+    """Gradient clipping's total: norms squared, summed from Python's 0 into `zeros(1)`."""
+    total = torch.zeros(1)
+    total += sum(torch.norm(g) ** 2 for g in x.chunk(2))
+    return total ** 0.5
+
+
+def test_a_norm_squared_is_its_sum_of_squares_and_zero_is_added_to_nothing() -> None:
+    x = torch.randn(4, 3)
+    graph = _captured(_clipping_norm, x)
+    simplified = without_zero_additions(without_root_powers(graph))
+    assert _ops(graph).count("pow_scalar") == 7 and "add_scalar" in _ops(graph)
+    assert _ops(simplified).count("pow_scalar") == 3  # the squares and the final root
+    assert "add_scalar" not in _ops(simplified) and "full" not in _ops(simplified)
+    assert _same_numbers(graph, simplified, x)
+
+
+def test_a_root_of_a_value_that_may_be_negative_stays() -> None:
+    x = torch.randn(4)
+    graph = _captured(lambda t: (t.sum() ** (1 / 3)) ** 3, x)
+    assert _ops(without_root_powers(graph)) == _ops(graph)
+
+
+def test_zeros_added_to_a_broadcast_leave_the_broadcast() -> None:
+    x = torch.randn(3)
+    graph = _captured(lambda t: torch.zeros(2, 3) + t, x)
+    simplified = without_zero_additions(graph)
+    assert "add" not in _ops(simplified) and _same_numbers(graph, simplified, x)

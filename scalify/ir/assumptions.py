@@ -19,6 +19,7 @@ import torch
 from ..errors import ScalifyError
 from .distributed import constant_values, match_collectives, qualified
 from .graph import Graph, Node
+from .simplify import with_aliases
 
 # Ops whose output takes only values of their first input (data movement).
 _MOVES_VALUES = frozenset({"merge", "split", "unsqueeze", "squeeze", "transpose", "expand",
@@ -110,7 +111,7 @@ def assuming(graphs: list[Graph], assumed: Mapping[str, ValueRange]) -> list[Gra
             what = f"a {inputs[name].dtype} input" if name in inputs else "not an input"
             raise ScalifyError(f"assume.{name}: a range is assumed of integer inputs; {name} is "
                                f"{what} (inputs: {', '.join(sorted(inputs))})")
-    return [_simplified(graph, _decided(graph, known))
+    return [_simplified(_decided(graph, known))
             for graph, known in zip(graphs, value_ranges(graphs, assumed))]
 
 
@@ -127,21 +128,11 @@ def _decided(graph: Graph, known: dict[str, ValueRange]) -> Graph:
     return result
 
 
-def _simplified(graph: Graph, decided: Graph) -> Graph:
+def _simplified(decided: Graph) -> Graph:
     """Users of a node that computes its input unchanged (a fill under an all-false mask, a
     choice under a constant condition, a product with ones) read that input instead."""
     values = constant_values(decided)
-    alias: dict[str, str] = {}
-    result = Graph(outputs=[])
-    for node in decided:
-        node = replace(node, inputs=tuple(alias.get(i, i) for i in node.inputs))
-        kept = _unchanged_input(node, values, result)
-        if kept is not None:
-            alias[node.name] = kept
-            continue
-        result.add(node)
-    result.outputs = [alias.get(o, o) for o in graph.outputs]
-    return result
+    return with_aliases(decided, lambda node, kept: _unchanged_input(node, values, kept))
 
 
 def _unchanged_input(node: Node, values: dict[str, torch.Tensor | None], graph: Graph) -> str | None:

@@ -9,6 +9,7 @@ other operand (`without_zero_additions`)."""
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Callable
 
 from .graph import Graph, Node
 from .masks import masks_as_fills
@@ -60,23 +61,19 @@ def without_repeats(graph: Graph) -> Graph:
     """The graph with every repeated pure application replaced by its first (its users read
     that one instead), within one module: the windows that relate a layer's ops look only at
     that layer's, so identical layers keep their own copies."""
-    alias: dict[str, str] = {}
     first: dict[tuple, str] = {}
-    result = Graph()
-    for node in graph:
-        node = replace(node, inputs=tuple(alias.get(i, i) for i in node.inputs))
-        if node.op not in _DISTINCT_OPS and OPS[node.op].trait not in _DISTINCT_TRAITS:
-            key = (node.op, node.inputs, node.attrs, node.shape, node.dtype, node.source.module)
-            try:
-                earlier = first.setdefault(key, node.name)
-            except TypeError:  # an attribute with no hash (a tensor): kept as it is
-                earlier = node.name
-            if earlier != node.name:
-                alias[node.name] = earlier
-                continue
-        result.add(node)
-    result.outputs = [alias.get(o, o) for o in graph.outputs]
-    return result
+
+    def earlier_application(node: Node, _: Graph) -> str | None:
+        if node.op in _DISTINCT_OPS or OPS[node.op].trait in _DISTINCT_TRAITS:
+            return None
+        key = (node.op, node.inputs, node.attrs, node.shape, node.dtype, node.source.module)
+        try:
+            earlier = first.setdefault(key, node.name)
+        except TypeError:  # an attribute with no hash (a tensor): kept as it is
+            return None
+        return earlier if earlier != node.name else None
+
+    return with_aliases(graph, earlier_application)
 
 
 _ZERO_BROADCASTS = frozenset({"expand", "unsqueeze", "squeeze"})
@@ -88,21 +85,15 @@ def without_zero_additions(graph: Graph) -> Graph:
     `sum()` starts, and `zeros + x` where x has the result's shape and dtype, as a norm
     accumulated into `torch.zeros(1)` starts. Applied to a rank's program only where ranks are
     not matched into one symbolic program (a rank's offset of 0 is the family's offset there)."""
-    alias: dict[str, str] = {}
     zeros: set[str] = set()  # zero fills, and broadcasts of them
-    result = Graph()
-    for node in graph:
-        node = replace(node, inputs=tuple(alias.get(i, i) for i in node.inputs))
+
+    def other_than_zero(node: Node, kept: Graph) -> str | None:
         if node.op == "full" and node.attr("value") == 0 or (
                 node.op in _ZERO_BROADCASTS and node.inputs[0] in zeros):
             zeros.add(node.name)
-        kept = _other_than_zero(node, zeros, result)
-        if kept is not None:
-            alias[node.name] = kept
-            continue
-        result.add(node)
-    result.outputs = [alias.get(o, o) for o in graph.outputs]
-    return result.pruned() if alias else result  # (the zeros no other op reads)
+        return _other_than_zero(node, zeros, kept)
+
+    return with_aliases(graph, other_than_zero)
 
 
 def _other_than_zero(node: Node, zeros: set[str], graph: Graph) -> str | None:
@@ -126,22 +117,18 @@ _NON_NEGATIVE_KEEPING = frozenset({"sum", "squeeze", "unsqueeze", "expand", "mer
 
 
 def without_root_powers(graph: Graph) -> Graph:
-    """The graph with every `(x ** (1/p)) ** p` of a non-negative x replaced by x (its users
-    read x instead, and a root no other op reads is dropped): a sum of squares raised to 0.5
-    and squared again is that sum."""
-    alias: dict[str, str] = {}
-    result = Graph()
-    for node in graph:
-        node = replace(node, inputs=tuple(alias.get(i, i) for i in node.inputs))
-        inner = result[node.inputs[0]] if node.op == "pow_scalar" else None
-        if (inner is not None and inner.op == "pow_scalar" and _reciprocal(
-                inner.attr("value"), node.attr("value")) and _non_negative(result, inner.inputs[0])
-                and result[inner.inputs[0]].shape == node.shape):
-            alias[node.name] = inner.inputs[0]
-            continue
-        result.add(node)
-    result.outputs = [alias.get(o, o) for o in graph.outputs]
-    return result.pruned() if alias else result  # (the roots no other op reads)
+    """The graph with every `(x ** (1/p)) ** p` of a non-negative x replaced by x: a sum of
+    squares raised to 0.5 and squared again is that sum."""
+    return with_aliases(graph, _root_power_base)
+
+
+def _root_power_base(node: Node, graph: Graph) -> str | None:
+    inner = graph[node.inputs[0]] if node.op == "pow_scalar" else None
+    if (inner is not None and inner.op == "pow_scalar"
+            and _reciprocal(inner.attr("value"), node.attr("value"))
+            and _non_negative(graph, inner.inputs[0]) and graph[inner.inputs[0]].shape == node.shape):
+        return inner.inputs[0]
+    return None
 
 
 def _reciprocal(root: object, power: object) -> bool:
@@ -157,3 +144,21 @@ def _non_negative(graph: Graph, name: str) -> bool:
         return True
     return node.op in _NON_NEGATIVE_KEEPING and bool(node.inputs) and all(
         _non_negative(graph, i) for i in node.inputs)
+
+
+def with_aliases(graph: Graph, equal_earlier: Callable[[Node, Graph], str | None]) -> Graph:
+    """The graph with every node for which `equal_earlier` names an earlier node of the same
+    value (an input it returns unchanged, a first application), given the nodes kept so far,
+    replaced by that node: its users read that one instead, and what no other op reads any
+    more is dropped."""
+    alias: dict[str, str] = {}
+    result = Graph()
+    for node in graph:
+        node = replace(node, inputs=tuple(alias.get(i, i) for i in node.inputs))
+        kept = equal_earlier(node, result)
+        if kept is not None:
+            alias[node.name] = kept
+            continue
+        result.add(node)
+    result.outputs = [alias.get(o, o) for o in graph.outputs]
+    return result.pruned() if alias else result

@@ -259,7 +259,14 @@ def experiment_options(experiment: Experiment, fused_ops: int = 0) -> VerifyOpti
     return VerifyOptions(window_depth=checks.window_depth, memo=checks.memo,
                          memo_store=checks.memo_store, rank_symmetry=checks.rank_symmetry,
                          context_parallel=experiment.plan.context_parallel > 1,
-                         fused_ops=fused_ops, limits=_limits(experiment))
+                         fused_ops=fused_ops, limits=_limits(experiment),
+                         deadline=_deadline(experiment))
+
+
+def _deadline(experiment: Experiment) -> float | None:
+    """When the run's time budget ends, counted from now (the run's start)."""
+    budget = experiment.verify.time_budget_s
+    return None if budget is None else time.time() + budget
 
 
 def _finish(report: Report, experiment: Experiment) -> Report:
@@ -278,7 +285,7 @@ def _verify_hlo_experiment(experiment: Experiment, **options: Any) -> Report:
     options |= {"name": experiment.name, "options": VerifyOptions(
         narrow_first=True, congruence=True, window_depth=checks.window_depth, memo=checks.memo,
         memo_store=checks.memo_store, rank_symmetry=checks.rank_symmetry,
-        limits=_limits(experiment))}
+        limits=_limits(experiment), deadline=_deadline(experiment))}
     outputs = list(hlo.outputs) if hlo.outputs else None
     if hlo.jax is None:
         return verify_hlo(hlo.reference, hlo.distributed, hlo.world_size, outputs, **options)

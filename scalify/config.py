@@ -124,7 +124,8 @@ class VerifyOptions:
     a window stops once it relates the op, and a context-parallel window stops searching past
     `window_search_nodes` e-nodes and keeps what it related by then; a window that escalates to
     the inverses of its reshapes grows to four times its e-nodes or `window_escalate_nodes`,
-    whichever is more."""
+    whichever is more. Past `time_budget_s` seconds from the run's start (capture included),
+    the ops not yet proved are left unknown and the run reports what it found."""
 
     backward: bool = False
     loss: bool = False
@@ -138,6 +139,7 @@ class VerifyOptions:
     window_search_nodes: int = 300_000
     window_settle_nodes: int = 20_000
     window_escalate_nodes: int = 50_000
+    time_budget_s: int | None = None
 
 
 @dataclass(frozen=True)
@@ -517,7 +519,9 @@ _SCHEMAS: dict[type, dict[str, Checker]] = {
                     "window_depth": _positive_int, "rank_symmetry": _boolean,
                     "window_nodes": _positive_int, "window_seconds": _positive_int,
                     "window_search_nodes": _positive_int, "window_settle_nodes": _positive_int,
-                    "window_escalate_nodes": _positive_int},
+                    "window_escalate_nodes": _positive_int,
+                    "time_budget_s": lambda value, where: None if value is None else _positive_int(
+                        value, where)},
     TrackingSpec: {"enabled": _boolean, "uri": _text, "experiment": _text},
     EngineSpec: {"kind": _choice(*ENGINE_KINDS), "address": _optional_text, "actors": _positive_int,
                  "checkpoint": _optional_text},

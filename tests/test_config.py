@@ -163,8 +163,10 @@ X = "configs/experiments/x.yaml"
         (MINIMAL + "verify: {numeric: 1}\n", f"{X}: verify.numeric: expected true or false, got 1"),
         (
             MINIMAL + "verify: {numerik: true}\n",
-            f"{X}: verify.numerik: unknown key (expected one of: backward, loss, memo, memo_store, numeric, rank_symmetry, window_depth, window_escalate_nodes, window_nodes, window_search_nodes, window_seconds, window_settle_nodes)",
+            f"{X}: verify.numerik: unknown key (expected one of: backward, loss, memo, memo_store, numeric, rank_symmetry, time_budget_s, window_depth, window_escalate_nodes, window_nodes, window_search_nodes, window_seconds, window_settle_nodes)",
         ),
+        (MINIMAL + "verify: {time_budget_s: 0}\n",
+         f"{X}: verify.time_budget_s: expected a positive integer, got 0"),
         (MINIMAL + "verfy: {}\n", f"{X}: verfy: unknown key (expected one of: engine, hardware, hlo, inputs,"),
         (MINIMAL + "engine: {kind: spark}\n", f"{X}: engine.kind: expected one of: auto, inline, ray, got 'spark'"),
         (MINIMAL + "engine: {actors: 0}\n", f"{X}: engine.actors: expected a positive integer, got 0"),

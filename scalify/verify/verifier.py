@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import re
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -69,6 +70,9 @@ class VerifyOptions:
     # Take a rank node applying the same op to the inputs' rank tensors without a window
     # (verify/congruence.py; symbolic programs only).
     congruence: bool = False
+    # A wall-clock time (`time.time()`) past which the ops not yet proved are left unknown,
+    # so a run within a CI budget still reports what it found.
+    deadline: float | None = None
 
 
 @dataclass
@@ -88,6 +92,7 @@ class Verification:
     # The discrepancy to report for each open run of fused ops, by the op that began it.
     deferred: dict[str, Discrepancy] = field(default_factory=dict)
     unknown: list[str] = field(default_factory=list)  # ops whose window hit its limits, and why
+    unchecked: int = 0  # ops left unproved because the deadline passed
 
     def absorb(self, outcome: Verification) -> None:
         """Add one segment's findings and counts (its relations are merged by the caller)."""
@@ -95,6 +100,7 @@ class Verification:
         self.unknown += outcome.unknown
         self.windows += outcome.windows
         self.blocked += outcome.blocked
+        self.unchecked += outcome.unchecked
         self.memo_hits += outcome.memo_hits
         self.memo_misses += outcome.memo_misses
         self.rule_matches += outcome.rule_matches
@@ -187,10 +193,13 @@ class Verifier:
         session = self.session
         hits, misses, matches = session.hits, session.misses, session.rule_matches
         session.largest_egraph = 0
-        nodes = self.segments[index][1]
+        region, nodes = self.segments[index]
         for node in nodes:
             self._visit(node, partial.relations, partial)
         self._close_fused_runs(nodes, partial)
+        if partial.unchecked:
+            partial.unknown.append(f"{partial.unchecked} ops in {region or 'the top level'}: not "
+                                   "proved, the run's deadline passed first")
         partial.relations = {node.name: partial.relations[node.name] for node in nodes}
         partial.memo_hits, partial.memo_misses = session.hits - hits, session.misses - misses
         partial.rule_matches = session.rule_matches - matches
@@ -237,8 +246,14 @@ class Verifier:
         elif any(relations[i] is None for i in node.inputs):
             relations[node.name] = None
             result.blocked += 1
+        elif self._past_deadline():
+            relations[node.name] = None
+            result.unchecked += 1
         else:
             relations[node.name] = self._infer(node, relations, result)
+
+    def _past_deadline(self) -> bool:
+        return self.options.deadline is not None and time.time() > self.options.deadline
 
     @cached_property
     def segments(self) -> list[tuple[str, list[Node]]]:
@@ -551,6 +566,10 @@ class Verifier:
 
     def _check_outputs(self, placements: list[Placement], relations: dict[str, Relation | None],
                        result: Verification) -> None:
+        if self._past_deadline():
+            result.unknown.append("the outputs' placements: not checked, the run's deadline "
+                                  "passed first")
+            return
         for position, (output, placement) in enumerate(zip(self.ref.outputs, placements)):
             relation = relations[output]
             if relation is None:

@@ -36,6 +36,9 @@ WINDOW_SECONDS = 60.0
 # case unknown instead of taking the whole run down.
 CASE_SECONDS = 300.0
 CASE_MEMORY = 14 << 30
+# The run's own deadline, inside the case's time with room for one window and the numbers:
+# what it found by then is reported (a bug caught before it stands), the rest unknown.
+DEADLINE_SECONDS = 200.0
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,8 @@ def run(case: Case) -> Outcome:
             input_placements=case.attr("INPUT_PLACEMENTS", {}),
             output_placements=list(module.OUTPUT_PLACEMENTS), numeric=True,
             grad=case.step == "training", name=case.name, assume=assumed,
-            options=VerifyOptions(limits=WindowLimits(seconds=WINDOW_SECONDS)))
+            options=VerifyOptions(limits=WindowLimits(seconds=WINDOW_SECONDS),
+                                  deadline=time.time() + DEADLINE_SECONDS))
         verdict = report.verdict
         if report.discrepancies:
             first = report.discrepancies[0]

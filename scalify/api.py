@@ -28,7 +28,7 @@ from .ir.distributed import merge_ranks
 from .ir.graph import Graph
 from .ir.ops import MOVEMENT, OPS
 from .ir.scaling import pushed_scales, scaling_nodes
-from .ir.simplify import simplified, without_zero_additions
+from .ir.simplify import simplified, without_zero_shifts
 from .ir.symmetry import symbolic_program
 from .placements import Custom, Placement, Replicate, Shard
 from .report.model import Report
@@ -126,7 +126,7 @@ class _Attempt:
                       "programs)"))
         # The per-rank graph is needed to verify without symmetry and to run the numbers.
         if symbolic is None:
-            rank_graphs = [without_zero_additions(graph) for graph in rank_graphs]
+            rank_graphs = [without_zero_shifts(graph) for graph in rank_graphs]
         dist = merge_ranks(rank_graphs) if symbolic is None or numeric else None
         return cls(ref_graph, symbolic or dist, dist, symmetry, moved)
 
@@ -179,7 +179,7 @@ def verify_graphs(ref_graph: Graph, rank_graphs: list[Graph], placements: dict[s
     start = time.perf_counter() if started is None else started
     assumed = {name: ValueRange(*bounds) for name, bounds in (assume or {}).items()}
     written_ref, written_ranks = ref_graph, rank_graphs
-    ref_graph = without_zero_additions(simplified(assuming([ref_graph], assumed)[0]))
+    ref_graph = without_zero_shifts(simplified(assuming([ref_graph], assumed)[0]))
     rank_graphs = [simplified(graph) for graph in assuming(rank_graphs, assumed)]
     options = options or VerifyOptions()
     # (the numbers run on the programs as written: merged here only when nothing was assumed)

@@ -5,7 +5,7 @@ the same inputs with the same attributes (the backward of a loss recomputing `ou
 mask built twice) is its first application, so the ops that read either copy meet at one
 tensor in the windows that relate them. A norm raised to its order again (`torch.norm(g) ** 2`,
 as gradient clipping sums norms) is the sum it was the root of, and an addition of zero is its
-other operand (`without_zero_additions`)."""
+other operand (`without_zero_fills`, `without_zero_shifts`)."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -22,9 +22,10 @@ _DISTINCT_OPS = frozenset({"opaque"})
 
 
 def simplified(graph: Graph) -> Graph:
-    """The graph without transpose round trips, root-then-power round trips and repeated
-    applications, its attention masks as fills (`masks.py`)."""
-    return without_repeats(masks_as_fills(without_root_powers(without_double_transposes(graph))))
+    """The graph without transpose round trips, root-then-power round trips, additions of
+    zero fills and repeated applications, its attention masks as fills (`masks.py`)."""
+    return without_repeats(masks_as_fills(without_zero_fills(without_root_powers(
+        without_double_transposes(graph)))))
 
 
 def _dims(node: Node) -> frozenset[int]:
@@ -79,35 +80,38 @@ def without_repeats(graph: Graph) -> Graph:
 _ZERO_BROADCASTS = frozenset({"expand", "unsqueeze", "squeeze"})
 
 
-def without_zero_additions(graph: Graph) -> Graph:
-    """The graph with every addition of zero replaced by its other operand (its users read
-    that one instead; zeros no other op reads are dropped): `x + 0` of floats, as Python's
-    `sum()` starts, and `zeros + x` where x has the result's shape and dtype, as a norm
-    accumulated into `torch.zeros(1)` starts. Applied to a rank's program only where ranks are
-    not matched into one symbolic program (a rank's offset of 0 is the family's offset there)."""
+def without_zero_fills(graph: Graph) -> Graph:
+    """The graph with every `zeros + x` (and `x - zeros`) where x has the result's shape and
+    dtype replaced by x (its users read x instead; zeros no other op reads are dropped): a
+    norm accumulated into `torch.zeros(1)`, experts' outputs summed into `zeros_like(x)`."""
     zeros: set[str] = set()  # zero fills, and broadcasts of them
 
-    def other_than_zero(node: Node, kept: Graph) -> str | None:
+    def other_than_zeros(node: Node, kept: Graph) -> str | None:
         if node.op == "full" and node.attr("value") == 0 or (
                 node.op in _ZERO_BROADCASTS and node.inputs[0] in zeros):
             zeros.add(node.name)
-        return _other_than_zero(node, zeros, kept)
-
-    return with_aliases(graph, other_than_zero)
-
-
-def _other_than_zero(node: Node, zeros: set[str], graph: Graph) -> str | None:
-    """The operand `node` adds zero to, if it does and the sum is that operand as it is."""
-    if node.op == "add_scalar" and node.attr("value") == 0 and node.dtype.startswith(
-            ("float", "bfloat")):  # (integer ids shifted by 0 keep the shift range rules read)
-        candidates = [node.inputs[0]]
-    elif node.op == "add" and len(node.inputs) == 2:
-        a, b = node.inputs
-        candidates = [a] if b in zeros else [b] if a in zeros else []
-    elif node.op == "sub" and len(node.inputs) == 2 and node.inputs[1] in zeros:
-        candidates = [node.inputs[0]]
-    else:
+        if node.op == "add" and len(node.inputs) == 2:
+            a, b = node.inputs
+            return _as_is(node, [a] if b in zeros else [b] if a in zeros else [], kept)
+        if node.op == "sub" and len(node.inputs) == 2 and node.inputs[1] in zeros:
+            return _as_is(node, [node.inputs[0]], kept)
         return None
+
+    return with_aliases(graph, other_than_zeros)
+
+
+def without_zero_shifts(graph: Graph) -> Graph:
+    """The graph with every `x + 0` of floats (Python's `sum()` starts so) replaced by x.
+    Applied to a rank's program only where ranks are not matched into one symbolic program
+    (a rank's offset of 0 is the family's offset there); integer ids shifted by 0 keep the
+    shift the range rules read."""
+    return with_aliases(graph, lambda node, kept: _as_is(node, [node.inputs[0]], kept) if (
+        node.op == "add_scalar" and node.attr("value") == 0
+        and node.dtype.startswith(("float", "bfloat"))) else None)
+
+
+def _as_is(node: Node, candidates: list[str], graph: Graph) -> str | None:
+    """The candidate operand with `node`'s shape and dtype: the value `node` leaves as is."""
     return next((name for name in candidates if graph[name].shape == node.shape
                  and graph[name].dtype == node.dtype), None)
 

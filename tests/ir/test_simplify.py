@@ -8,7 +8,8 @@ from torch import nn
 from scalify.capture.tracer import capture
 from scalify.ir.graph import Graph, Node
 from scalify.ir.simplify import (without_double_transposes, without_repeats,
-                                 without_root_powers, without_zero_additions)
+                                 without_root_powers, without_zero_fills,
+                                 without_zero_shifts)
 from scalify.verify.numeric import run_graph
 
 
@@ -90,7 +91,7 @@ def _clipping_norm(x):
 def test_a_norm_squared_is_its_sum_of_squares_and_zero_is_added_to_nothing() -> None:
     x = torch.randn(4, 3)
     graph = _captured(_clipping_norm, x)
-    simplified = without_zero_additions(without_root_powers(graph))
+    simplified = without_zero_shifts(without_zero_fills(without_root_powers(graph)))
     assert _ops(graph).count("pow_scalar") == 7 and "add_scalar" in _ops(graph)
     assert _ops(simplified).count("pow_scalar") == 3  # the squares and the final root
     assert "add_scalar" not in _ops(simplified) and "full" not in _ops(simplified)
@@ -106,5 +107,5 @@ def test_a_root_of_a_value_that_may_be_negative_stays() -> None:
 def test_zeros_added_to_a_broadcast_leave_the_broadcast() -> None:
     x = torch.randn(3)
     graph = _captured(lambda t: torch.zeros(2, 3) + t, x)
-    simplified = without_zero_additions(graph)
+    simplified = without_zero_fills(graph)
     assert "add" not in _ops(simplified) and _same_numbers(graph, simplified, x)

@@ -222,11 +222,11 @@ def constant_keys(graph: Graph, values: dict[str, torch.Tensor | None] | None = 
                             [keys[i] for i in node.inputs])).encode()
             keys[node.name] = hashlib.sha1(content).hexdigest()[:16]
         else:
-            keys[node.name] = _value_key(node.shape, node.dtype, value)
+            keys[node.name] = value_key(node.shape, node.dtype, value)
     return keys
 
 
-def _value_key(shape: tuple[int, ...], dtype: str, value: torch.Tensor) -> str:
+def value_key(shape: tuple[int, ...], dtype: str, value: torch.Tensor) -> str:
     content = repr((shape, dtype)).encode() + value.reshape(-1).view(torch.uint8).numpy().tobytes()
     return hashlib.sha1(content).hexdigest()[:16]
 
@@ -240,7 +240,7 @@ def _uniform_broadcast(node: Node, value: torch.Tensor | None) -> str | None:
     if not bool((value == first).all()):
         return None
     ones = (1,) * len(node.shape)
-    term = f'(const "{_value_key(ones, node.dtype, first.reshape(ones))}")'
+    term = f'(const "{value_key(ones, node.dtype, first.reshape(ones))}")'
     for dim, size in enumerate(node.shape):
         if size != 1:
             term = f"(expand {term} {dim} {size})"
@@ -263,9 +263,9 @@ def _constant_value(node: Node, inputs: list[torch.Tensor | None]) -> torch.Tens
 def constant_terms(graph: Graph, values: dict[str, torch.Tensor | None] | None = None
                    ) -> dict[str, str]:
     """The egglog term of every node that depends on no placeholder: a `(const "key")` leaf,
-    except that broadcasts of constants stay `expand`/`unsqueeze` terms, and a constant of one
-    value everywhere is the broadcast of that value, so a constant the size of the whole batch
-    relates to each rank's smaller one. Any other node with the value of an earlier one gets
+    except that a constant of one value everywhere is the broadcast of that value, however it
+    was built (so a constant the size of the whole batch relates to each rank's smaller one),
+    and other broadcasts of constants stay `expand`/`unsqueeze` terms. Any other node with the value of an earlier one gets
     that one's term. `values`: `constant_values(graph)` where already computed."""
     values = constant_values(graph) if values is None else values
     keys = constant_keys(graph, values)
@@ -276,11 +276,13 @@ def constant_terms(graph: Graph, values: dict[str, torch.Tensor | None] | None =
             continue
         inner = terms.get(node.inputs[0]) if node.inputs else None
         key = keys[node.name]
-        if node.op == "expand" and inner:
+        uniform = _uniform_broadcast(node, values[node.name])
+        if uniform is not None:  # however it was built
+            terms[node.name] = by_key[key] = uniform
+        elif node.op == "expand" and inner:
             terms[node.name] = by_key[key] = f"(expand {inner} {node.attr('dim')} {node.attr('size')})"
         elif node.op == "unsqueeze" and inner:
             terms[node.name] = by_key[key] = f"(unsqueeze {inner} {node.attr('dim')})"
         else:
-            terms[node.name] = by_key.setdefault(
-                key, _uniform_broadcast(node, values[node.name]) or f'(const "{key}")')
+            terms[node.name] = by_key.setdefault(key, f'(const "{key}")')
     return terms

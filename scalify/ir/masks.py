@@ -13,8 +13,9 @@ mask says and takes a plain softmax. Two passes make the first the second:
   test is its third operand, and the softmax is a plain one, forward and backward.
 
 A product with a boolean mask cast to numbers (vocab parallelism's `out * ~mask`) is a fill of
-zeros too. Values are taken as real numbers, as everywhere in the proof: only a written -inf is
-infinite.
+zeros too, and so is such a mask shifted to zero where it is on (`1 - mask.float()`,
+`(~mask).float()`, `mask.float() - 1`: a constant filled where the mask is on). Values are taken as real numbers, as everywhere in the proof: only a
+written -inf is infinite.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from .graph import Graph, Node
 from .ops import MOVEMENT, OPS, SOFTMAX
 
 _BROADCASTS = frozenset({"expand", "unsqueeze"})
+_FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
 
 
 def masks_as_fills(graph: Graph) -> Graph:
@@ -38,16 +40,20 @@ def masks_as_fills(graph: Graph) -> Graph:
 
 def product_masks_as_fills(graph: Graph) -> Graph:
     """Each product of a value and a boolean mask cast to numbers (`out * (~mask[..., None])`,
-    `mask * (ids - start)`) as a fill of zeros where the mask is off. The mask's negation
-    cancels a negation it was built from, through broadcasts."""
+    `mask * (ids - start)`) as a fill of zeros where the mask is off, and each mask cast to
+    numbers and shifted to zero where it is on (`1 - mask.float()`) as a constant filled with
+    zeros there. The mask's negation cancels a negation it was built from, through broadcasts."""
     result = Graph()
     for node in graph:
         operands = _multiplied_mask(graph, node)
-        if operands is None:
-            result.add(node)
-            continue
-        value, mask = operands
-        off = _negation(graph, result, mask, node)
+        if operands is not None:
+            value, off = operands[0], _negation(graph, result, operands[1], node)
+        else:
+            operands = _mask_complement(graph, result, node)
+            if operands is None:
+                result.add(node)
+                continue
+            value, off = operands
         zero = 0.0 if node.dtype.startswith(("float", "bfloat")) else 0
         result.add(Node(node.name, "masked_fill", (value, off), (("value", zero),), node.shape,
                         node.dtype, node.source))
@@ -65,6 +71,28 @@ def _multiplied_mask(graph: Graph, node: Node) -> tuple[str, str] | None:
                 and factor.shape == graph[value].shape == node.shape):
             return value, factor.inputs[0]
     return None
+
+
+def _mask_complement(graph: Graph, result: Graph, node: Node) -> tuple[str, str] | None:
+    """(a constant, the boolean mask) of a mask cast to numbers and shifted to zero where it is
+    on: `1 - mask.float()` (Megatron), `mask.float() - 1` (DTensor's loss), `(~mask).float()`
+    (nanotron). The constant (added to `result`) is its value where the mask is off."""
+    if node.dtype not in _FLOATS:
+        return None
+    if node.op == "cast" and graph[node.inputs[0]].op in ("bitwise_not", "logical_not"):
+        mask, off = graph[node.inputs[0]].inputs[0], 1.0
+    elif node.op in ("rsub_scalar", "add_scalar") and graph[node.inputs[0]].op == "cast":
+        mask, off = graph[node.inputs[0]].inputs[0], float(node.attr("value"))
+        if off + (-1 if node.op == "rsub_scalar" else 1) != 0:
+            return None
+    else:
+        return None
+    if graph[mask].dtype != "bool":
+        return None
+    fill = result.add(Node(f"{node.name}.fill", "full", (), (("dtype", node.dtype),
+                                                             ("shape", node.shape), ("value", off)),
+                           node.shape, node.dtype, node.source))
+    return fill.name, mask
 
 
 def _negation(graph: Graph, result: Graph, name: str, user: Node) -> str:

@@ -7,7 +7,9 @@ its product with the keys instead of the scores after it. The pass carries every
 are linear in it (data movement, sums, products, casts between floats, collectives that sum or
 move) and writes it down, as one `mul_scalar`, only where a value enters an op that is not
 linear in it or leaves the program. Factors are exact fractions, so `x / 8 / 2` and
-`x * 0.0625` give the same node. A collective passes its inputs' factor only when every member
+`x * 0.0625` give the same node. Factors are carried as sizes: a negative one leaves its sign
+as a negation where it was applied, so code that negates before or after it scales (or scales
+by a negative constant) carries the same factor. A collective passes its inputs' factor only when every member
 brings the same one; otherwise each member writes its factor down before the collective.
 """
 from __future__ import annotations
@@ -127,22 +129,23 @@ class _Pusher:
         return _without_unused(self.out, self.units)
 
     def _unit_factor(self, name: str) -> Fraction | None:
-        """The value of a floating constant of one value other than 0 and 1, else None."""
+        """The value of a floating constant of one value other than 0, 1 and -1, else None."""
         value = _uniform(self.constants.get(name)) if self._floating(name) else None
-        return None if value in (None, ONE) else value
+        return None if value in (None, ONE, -ONE) else value
 
     def _constant(self, node: Node) -> Scaled:
-        """A constant (or placeholder) as it is; one of a single value v (not 0 or 1) is also,
-        for the ops that read it, ones times v: a per-rank mean's 1/n that a gradient carries
-        from the loss."""
+        """A constant (or placeholder) as it is; one of a single value v (not 0, 1 or -1) is
+        also, for the ops that read it, ones (or minus ones) times |v|: a per-rank mean's 1/n
+        that a gradient carries from the loss."""
         factor = self._unit_factor(node.name)
         if factor is None:
             return Scaled(node.name)
+        sign = 1.0 if factor > 0 else -1.0
         unit = Node(f"{node.name}.unit", "full", (), (("dtype", node.dtype), ("shape", node.shape),
-                                                        ("value", 1.0)), node.shape, node.dtype,
+                                                        ("value", sign)), node.shape, node.dtype,
                     node.source)
         self.units.add(self.out.add(unit).name)
-        return Scaled(unit.name, factor, node.source)
+        return Scaled(unit.name, abs(factor), node.source)
 
     def _floating(self, name: str) -> bool:
         return self.nodes[name].dtype in FLOATS
@@ -152,17 +155,24 @@ class _Pusher:
             return Scaled(self.out.add(node).name, self.received.get(node.name, ONE))
         factor = self._own_factor(node)
         if factor is not None:
-            inner = self.scaled[node.inputs[0]]
-            return replace(inner, factor=inner.factor * factor,
-                           source=_scaled_again(node.source, inner))
+            return self._scaled_by(node, self.scaled[node.inputs[0]], factor)
         uniform = self._uniform_operand(node)
         if uniform is not None:
             index, factor = uniform
-            inner = self.scaled[node.inputs[index]]
-            return replace(inner, factor=inner.factor * factor,
-                           source=_scaled_again(node.source, inner))
+            return self._scaled_by(node, self.scaled[node.inputs[index]], factor)
         parted = self._parted(node)
         return parted if parted is not None else self._through(node)
+
+    def _scaled_by(self, node: Node, inner: Scaled, factor: Fraction) -> Scaled:
+        """`inner` scaled by `node`'s factor: its size carried on, its sign kept at the node as
+        a negation (so `-(x / 12)`, `x * (-1 / 12)` and `x / 12` negated later carry 1/12 alike)."""
+        core = inner.core
+        if factor < 0:
+            held = self.out[core]
+            core = self.out.add(Node(node.name, "neg", (core,), (), held.shape, held.dtype,
+                                     node.source)).name
+        return replace(inner, core=core, factor=inner.factor * abs(factor),
+                       source=_scaled_again(node.source, inner))
 
     def _parted(self, node: Node) -> Scaled | None:
         """A bucket of parts with their own factors: made by a concat of values whose factors

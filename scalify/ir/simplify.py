@@ -78,17 +78,20 @@ def without_repeats(graph: Graph) -> Graph:
 
 
 _ZERO_BROADCASTS = frozenset({"expand", "unsqueeze", "squeeze"})
+_LOOKUPS = frozenset({"take", "index", "embedding"})  # their first input is the table
 
 
 def without_zero_fills(graph: Graph) -> Graph:
     """The graph with every `zeros + x` (and `x - zeros`) where x has the result's shape and
     dtype replaced by x (its users read x instead; zeros no other op reads are dropped): a
-    norm accumulated into `torch.zeros(1)`, experts' outputs summed into `zeros_like(x)`."""
+    norm accumulated into `torch.zeros(1)`, experts' outputs summed into `zeros_like(x)`, the
+    picks from zeros that DTensor's loss backward subtracts. Broadcasts of zeros and lookups
+    in them are zeros."""
     zeros: set[str] = set()  # zero fills, and broadcasts of them
 
     def other_than_zeros(node: Node, kept: Graph) -> str | None:
         if node.op == "full" and node.attr("value") == 0 or (
-                node.op in _ZERO_BROADCASTS and node.inputs[0] in zeros):
+                node.op in _ZERO_BROADCASTS | _LOOKUPS and node.inputs[0] in zeros):
             zeros.add(node.name)
         if node.op == "add" and len(node.inputs) == 2:
             a, b = node.inputs

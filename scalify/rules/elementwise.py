@@ -143,6 +143,10 @@ def _softmax_gradient_rules() -> list[Rule]:
         Rule("difference-of-negation", f'(binary "sub" a {negated("x")})', '(binary "add" a x)',
              rows),
         Rule("difference-as-sum", '(binary "sub" a x)', f'(binary "add" a {negated("x")})', rows),
+        # The softmax as the exp of the log-softmax (DTensor's loss backward) is the exp over
+        # its row sum (the sum of exps is positive, so its log is defined).
+        Rule("exp-of-log-softmax", '(unary "exp" (binary "sub" a (expand (unary "log" s) d n)))',
+             '(binary "div" (unary "exp" a) (expand s d n))', rows),
         Rule("quotient-times-row",
              '(binary "mul" (binary "div" e (expand s d n)) (expand (unsqueeze g d) d n))',
              '(binary "mul" (expand (unsqueeze (binary "div" g (squeeze s d)) d) d n) e)', rows),

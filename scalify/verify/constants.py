@@ -7,7 +7,8 @@ value of its own, and its leaf alone says nothing of the whole table it came fro
 the movement op applied to the source constant's term, says that: stated where the leaf
 appears, each rank's chunk is a slice of the reference's table. A constant computed on its
 own (a rank's causal mask from its own query positions) whose value is a block of another
-one's (the reference's whole mask) is that block's slice: checked on the values.
+one's (the reference's whole mask) is that block's slice: checked on the values. A negative
+number is the negation of its positive one.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..ir.distributed import value_key
 from ..ir.graph import Graph
 from ..ir.ops import MOVEMENT, OPS
 from ..rules.terms import shape_facts
@@ -40,6 +42,8 @@ class ConstantOrigins:
         (`constant_values`)."""
         for node in graph:
             term = terms.get(node.name)
+            if term is not None and values.get(node.name) is not None:
+                self._add_uniform_leaf(term, values[node.name])
             if term is None or not _CONST.fullmatch(term):
                 continue
             self.shapes[term] = node.shape
@@ -53,6 +57,23 @@ class ConstantOrigins:
             if origin != term:
                 self.origins.setdefault(term, set()).add(origin)
 
+    def _add_uniform_leaf(self, term: str, value: torch.Tensor) -> None:
+        """The value of the leaf a broadcast of one value is built on (`constant_terms`)."""
+        leaves = _CONST.findall(term)
+        if len(leaves) == 1 and leaves[0] != term and leaves[0] not in self.values:
+            self.values[leaves[0]] = value.reshape(-1)[:1].reshape((1,) * value.dim())
+
+    def _negations(self, term: str) -> list[str]:
+        """A negative number's leaf as the negation of the positive one's (`-1 / 12` written by
+        one program, `1 / 12` negated by the other)."""
+        value = self.values.get(term)
+        if value is None or value.numel() != 1 or not value.is_floating_point() or value.item() >= 0:
+            return []
+        dtype = str(value.dtype).removeprefix("torch.")
+        positive = f'(const "{value_key(tuple(value.shape), dtype, -value)}")'
+        self.values.setdefault(positive, -value)
+        return [f'(union {term} (unary "neg" {positive}))']
+
     def facts(self, text: str, counts: bool) -> list[str]:
         """The shape of every constant leaf in `text` and its unions with its origins, and
         the same of the leaves those name in turn; then which of them are blocks of others."""
@@ -64,6 +85,7 @@ class ConstantOrigins:
                 continue
             seen[term] = None
             facts += shape_facts(term, self.shapes[term], counts) if term in self.shapes else []
+            facts += self._negations(term)
             for origin in sorted(self.origins.get(term, ())):
                 facts.append(f"(union {term} {origin})")
                 pending += _CONST.findall(origin)

@@ -58,7 +58,9 @@ class VerifyOptions:
     max_window_nodes: int = 512
     backward_depth: int = 3
     iterations: int = 12  # plus 4 per rank: nested concats unfold one level per iteration
-    fused_ops: int = 0  # reference ops in a row the ranks may compute without holding them
+    # Reference ops in a row the ranks may compute without holding them (a vocab-parallel
+    # loss's backward: the reference's negated softmax, which ranks add to their own pick).
+    fused_ops: int = 3
     context_parallel: bool = False  # ranks hold sequence chunks (rules/context.py)
     memo: bool = True  # prove identical windows once
     memo_store: str | None = None  # SQLite file shared by runs
@@ -375,13 +377,13 @@ class Verifier:
                 result.deferred.pop(run.pending, None)
             return Relation(chosen, aliases, _inherited(inputs, set(leaves(parse(chosen)))))
         fused = max((r.fused for r in runs), default=0) + 1
-        if fused <= self.options.fused_ops:  # perhaps the ranks compute it fused with the next ops
-            if not runs:
+        opaque = self.dist_opaque.intersection(narrowest or window)
+        if fused <= self.options.fused_ops and not opaque:  # perhaps the ranks compute it fused
+            if not runs:                                     # with the next ops
                 result.deferred[node.name] = self._discrepancy(node, inputs, term,
                                                                narrowest or window, relations)
             return Relation(outcome.term, pending=runs[0].pending if runs else node.name,
                             fused=fused)
-        opaque = self.dist_opaque.intersection(narrowest or window)
         if opaque:
             result.unknown.append(f"{node.op} at {node.source}: the ranks compute it from ops "
                                   "with no lowering to the core IR "

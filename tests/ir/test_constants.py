@@ -71,3 +71,12 @@ def test_a_constant_of_one_value_is_the_broadcast_of_that_value() -> None:
     leaf = whole[whole.index("(const"):whole.index(")") + 1]
     assert leaf == part[part.index("(const"):part.index(")") + 1]
     assert "1 4)" in whole and "1 2)" in part
+
+
+def test_a_broadcast_scalar_of_one_value_is_the_same_broadcast() -> None:
+    """`full((1,), 1.0)` unsqueezed and expanded, or `full((12,), 1.0)`: one term."""
+    built = _graph(("s", "full", (), (("shape", ()), ("value", 1.0), ("dtype", "float32"))),
+                   ("u", "unsqueeze", ("s",), (("dim", 0),)),
+                   ("e", "expand", ("u",), (("dim", 0), ("size", 12))))
+    whole = _graph(("e", "full", (), (("shape", (12,)), ("value", 1.0), ("dtype", "float32"))))
+    assert constant_terms(built)["e"] == constant_terms(whole)["e"]

@@ -65,3 +65,28 @@ def test_a_mask_covering_a_row_keeps_the_test() -> None:
     out = _output(rewritten, inputs)
     assert torch.equal(out[..., 2, :], torch.zeros_like(out[..., 2, :]))
     assert not math.isnan(out.sum().item())
+
+
+class _Complement(torch.nn.Module):
+    """Megatron's `1.0 - mask.float()` and nanotron's `(~mask).to(dtype)`, each scattered."""
+
+    def __init__(self, written: str) -> None:
+        super().__init__()
+        self.written = written
+
+    def forward(self, ids):
+        mask = ids >= 3
+        ones = 1.0 - mask.float() if self.written == "rsub" else (~mask).to(torch.float32)
+        return ones * 2.0 + ones.exp()
+
+
+def test_a_mask_complement_is_ones_filled_where_the_mask_is_on() -> None:
+    for written in ("rsub", "not"):
+        module, inputs = _Complement(written), {"ids": torch.randint(0, 6, (2, 5))}
+        captured = capture(module, lambda: module(**inputs), inputs)
+        rewritten = masks_as_fills(captured)
+        fills = [node for node in rewritten if node.op == "masked_fill"]
+        assert fills and all(rewritten[node.inputs[0]].op == "full" for node in fills), written
+        assert rewritten[fills[0].inputs[1]].op == "ge_scalar", written  # the mask, not negated
+        assert "rsub_scalar" not in _ops(rewritten) and "bitwise_not" not in _ops(rewritten)
+        assert torch.equal(_output(rewritten, inputs), _output(captured, inputs)), written

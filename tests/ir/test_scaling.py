@@ -2,6 +2,7 @@
 same graph; the moved graph computes what the original computes."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from scalify.capture.builder import GraphBuilder
@@ -154,6 +155,46 @@ def test_a_uniform_constant_is_ones_times_its_value() -> None:
     assert (out.op, out.attr("value")) == ("mul_scalar", 0.5)
     total = graph[out.inputs[0]]
     assert total.inputs[0] == "x" and graph[total.inputs[1]].attr("value") == 1.0
+
+
+def _negated_twelfth(order: str) -> Graph:
+    """x / 12 negated before the scaling, after it, or as a product with -1/12."""
+    b = GraphBuilder()
+    x = b.emit_placeholder("x", "input", (2, 3), "float32")
+    if order == "before":
+        value = b.emit("div_scalar", [b.emit("neg", [x])], value=12.0)
+    elif order == "after":
+        value = b.emit("neg", [b.emit("div_scalar", [x], value=12.0)])
+    else:
+        value = b.emit("mul", [x, b.emit("full", [], shape=(2, 3), value=-1 / 12, dtype="float32")])
+    b.graph.outputs = [b.emit("tanh", [value]).name]
+    return b.graph
+
+
+def test_a_negative_factor_carries_its_size_and_leaves_its_sign() -> None:
+    """However the code negates, the factor carried is 1/12 and a negation of x remains."""
+    for order in ("before", "after", "product"):
+        graph = pushed_scales([_negated_twelfth(order)])[0]
+        scaled = graph[_output(graph).inputs[0]]
+        assert scaled.op == "mul_scalar" and scaled.attr("value") == pytest.approx(1 / 12), order
+        negated = graph[scaled.inputs[0]]
+        assert (negated.op, negated.inputs) == ("neg", ("x",)), order
+        env, written = {"x": torch.randn(2, 3)}, _negated_twelfth(order)
+        torch.testing.assert_close(run_graph(graph, env)[graph.outputs[0]],
+                                   run_graph(written, env)[written.outputs[0]], check_dtype=False)
+
+
+def test_a_negative_uniform_constant_is_minus_ones_times_its_size() -> None:
+    b = GraphBuilder()
+    x = b.emit_placeholder("x", "input", (2, 3), "float32")
+    b.graph.outputs = [b.emit("add", [b.emit("mul_scalar", [x], value=-0.5),
+                                      b.emit("full", [], shape=(2, 3), value=-0.5,
+                                             dtype="float32")]).name]
+    graph = pushed_scales([b.graph])[0]
+    out = _output(graph)
+    assert (out.op, out.attr("value")) == ("mul_scalar", 0.5)
+    total = graph[out.inputs[0]]
+    assert graph[total.inputs[0]].op == "neg" and graph[total.inputs[1]].attr("value") == -1.0
 
 
 def test_integer_values_keep_their_scalars() -> None:

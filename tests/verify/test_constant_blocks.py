@@ -95,3 +95,18 @@ def test_a_constant_whose_values_are_rows_of_another_is_their_slice(start):
 def test_a_constant_of_other_values_is_no_block():
     constants, (big, small) = _constants(torch.arange(12.0).reshape(6, 2), torch.ones(3, 2))
     assert not [f for f in constants.facts(f"{big} {small}", counts=False) if "union" in f]
+
+
+def test_a_negative_number_is_the_negation_of_the_positive_one():
+    """-1 broadcast (one program's `-grad`) is the negation of 1 broadcast (the other's `grad`
+    negated): the window says so, and egglog proves it."""
+    from scalify.verify.session import EgglogSession
+
+    constants, (minus, plus) = _constants(torch.full((12,), -1.0), torch.full((12,), 1.0))
+    facts = constants.facts(minus, counts=False)
+    negations = [fact for fact in facts if '(unary "neg"' in fact]
+    assert len(negations) == 1 and plus.split()[1] in negations[0]
+    program = "\n".join([f"(let $y {minus})", *facts])
+    leaf = plus[plus.index("(const"):plus.index(")") + 1]
+    assert EgglogSession().holds(program, [f'(expand (unary "neg" {leaf}) 0 12)'])
+    assert not constants.facts(plus, counts=False)  # a positive one states nothing

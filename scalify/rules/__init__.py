@@ -56,4 +56,4 @@ def prelude(rulesets: Collection[str] = OPTIONAL_RULESETS) -> str:
     return "\n".join([DECLARATIONS, trait_facts(), *declared, *rules,
                       *(line for name in OPTIONAL_RULESETS if name in rulesets
                         for line in optional[name]),
-                      *movement.FACT_RULES, probe])
+                      *movement.FACT_RULES, *elementwise.FACT_RULES, probe])

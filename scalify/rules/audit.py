@@ -3,12 +3,12 @@
 Variants re-draw the example's tensors with other seeds, move its integers (dims, sizes,
 offsets) by one or two, singly and in pairs, change one axis of every tensor or one size
 wherever it occurs (random shapes), and swap the values its side conditions test (trait keys;
-invariant tensors made rank-varying).
+invariant tensors made rank-varying; ones made other values).
 A variant whose lhs does not evaluate (the typed evaluator of terms.py refuses it) is not a
 term and is not checked numerically. egglog runs the example and every variant that changes a
 value the conditions read: the rule alone in a fresh e-graph with the variants' concrete terms
 and the facts a window would state (every leaf's dim sizes, invariance of the rank-invariant
-leaves, the trait facts, and the tensor equalities the conditions test where they hold), run
+leaves, which leaves are ones, the trait facts, and the tensor equalities the conditions test where they hold), run
 once. Sound means: where the Python conditions hold, both sides agree on every rank; egglog
 unifies the sides exactly where the Python conditions hold.
 """
@@ -242,6 +242,8 @@ def _swaps(rule: Rule, env: dict[str, Any]) -> list[Variant]:
             value = env[name]
             ranks = Family(_redraw(value, list(value.shape), gen) for _ in range(rule.world))
             found.append(Variant(f"{name} rank-varying", {**env, name: ranks}))
+        elif head == "ones" and isinstance(env[name], torch.Tensor):
+            found.append(Variant(f"{name} not ones", {**env, name: env[name] + 1}))
     return found
 
 
@@ -368,6 +370,8 @@ def _facts(rule: Rule, env: dict[str, Any], i: int) -> list[str]:
             facts += shape_facts(leaf, shape)
             if isinstance(value, torch.Tensor):
                 facts.append(f"(inv {leaf})")
+                if value.is_floating_point() and bool((value == 1).all()):
+                    facts.append(f"(ones {leaf})")
     for text in rule.when:
         term = parse(text)
         if term.head == "=" and _equal_tensors(term, env, rule.world):

@@ -55,6 +55,9 @@ def _condition(term: Term, env: dict[str, Any], facts: dict[str, set[str]], at: 
     assert isinstance(term, App)
     if term.head == "inv":  # the same value on every rank
         return not isinstance(env[str(term.args[0]).lstrip("?")], Family)
+    if term.head == "ones":  # every element 1
+        value = _value(term.args[0], env, at)
+        return isinstance(value, torch.Tensor) and bool((value == 1).all())
     if term.head in facts:
         return _value(term.args[0], env, at) in facts[term.head]
     left, right = (_value(a, env, at) for a in term.args)

@@ -121,12 +121,17 @@ def _reshape_rules() -> list[Rule]:
 
 def _softmax_gradient_rules() -> list[Rule]:
     """A log-softmax's input gradient, `grad - (e / X(s)) * X(-g)` with X a row broadcast, in
-    the form ranks compute it, `grad + X(g / s) * e`: negations move out of products,
-    quotients and row broadcasts, and a quotient by a row moves onto the row."""
+    the form ranks compute it, `grad + X(g / s) * e` or `(e / X(s) - onehot) * X(g)`:
+    negations move out of products, quotients and row broadcasts, a quotient by a row moves
+    onto the row, and a row scale of a sum with a scatter scales each term."""
     def rows(gen, choice):
         return {"a": tensor(gen, 3, 5), "e": tensor(gen, 3, 5), "x": tensor(gen, 3, 5),
                 "y": tensor(gen, 3, 5).abs() + 0.5, "g": tensor(gen, 3),
                 "s": tensor(gen, 3, 1).abs() + 0.5, "d": 1, "n": 5}
+
+    def scatters(gen, choice):
+        return {"a": tensor(gen, 3, 5), "v": tensor(gen, 3), "g": tensor(gen, 3), "d": 1, "n": 5,
+                "t": torch.randint(0, 5, (3,), generator=gen)}
 
     def negated(text: str) -> str:
         return f'(unary "neg" {text})'
@@ -147,6 +152,20 @@ def _softmax_gradient_rules() -> list[Rule]:
         # its row sum (the sum of exps is positive, so its log is defined).
         Rule("exp-of-log-softmax", '(unary "exp" (binary "sub" a (expand (unary "log" s) d n)))',
              '(binary "div" (unary "exp" a) (expand s d n))', rows),
+        # A row scale of a sum with a scatter (Megatron's vocab-parallel loss backward scales
+        # `softmax` minus its target's one by the tokens' gradients): each term scaled, the
+        # scatter's values by the row's. Only over a scatter: a product distributed over every
+        # sum multiplies the e-graph.
+        Rule("row-scale-over-scatter-sum",
+             '(binary "mul" (binary "add" a (untake v t n d)) (expand (unsqueeze g d) d n))',
+             '(binary "add" (binary "mul" a (expand (unsqueeze g d) d n)) '
+             '(untake (binary "mul" v g) t n d))', scatters),
+        # Products with a zero fill and with ones (the fill `1 - mask.float()` is).
+        Rule("product-of-zero-fill", '(binary "mul" (masked_fill x m "0.0") y)',
+             '(masked_fill (binary "mul" x y) m "0.0")',
+             lambda gen, c: {**rows(gen, c), "m": tensor(gen, 3, 5) > 0}),
+        Rule("product-with-ones", '(binary "mul" u x)', "x",
+             lambda gen, c: {**rows(gen, c), "u": torch.ones(3, 5)}, when=("(ones u)",)),
         Rule("quotient-times-row",
              '(binary "mul" (binary "div" e (expand s d n)) (expand (unsqueeze g d) d n))',
              '(binary "mul" (expand (unsqueeze (binary "div" g (squeeze s d)) d) d n) e)', rows),
@@ -209,3 +228,8 @@ def rules() -> list[Rule]:
              '(psum (masked_fill a m "0.0") (masked_fill b m "0.0"))',
              lambda gen, c: {**_psum_example(gen, c), "m": tensor(gen, *SHAPE) > 0}),
     ]
+
+
+# Ones (a constant of 1s, stated by windows: `verify/constants.py`) stay ones when broadcast.
+FACT_RULES = tuple(f"(rule ((ones u) (= t ({term}))) ((ones t)) :ruleset lemmas)"
+                   for term in ("expand u d n", "unsqueeze u d"))

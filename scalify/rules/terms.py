@@ -76,6 +76,7 @@ DECLARATIONS = f"""
 (function ndim (T) i64 :merge {SIZE_MERGE})
 (function world () i64 :merge new)
 (relation inv (T))
+(relation ones (T))
 (relation target (T String))
 (relation same (String String))
 """

@@ -8,7 +8,8 @@ the movement op applied to the source constant's term, says that: stated where t
 appears, each rank's chunk is a slice of the reference's table. A constant computed on its
 own (a rank's causal mask from its own query positions) whose value is a block of another
 one's (the reference's whole mask) is that block's slice: checked on the values. A negative
-number is the negation of its positive one.
+number is the negation of its positive one; a constant of ones says so (a product with it is
+the other operand).
 """
 from __future__ import annotations
 
@@ -74,6 +75,12 @@ class ConstantOrigins:
         self.values.setdefault(positive, -value)
         return [f'(union {term} (unary "neg" {positive}))']
 
+    def _ones(self, term: str) -> list[str]:
+        """Whether a leaf's elements are all 1 (a product with it is the other operand)."""
+        value = self.values.get(term)
+        ones = value is not None and value.is_floating_point() and bool((value == 1).all())
+        return [f"(ones {term})"] if ones else []
+
     def facts(self, text: str, counts: bool) -> list[str]:
         """The shape of every constant leaf in `text` and its unions with its origins, and
         the same of the leaves those name in turn; then which of them are blocks of others."""
@@ -85,7 +92,7 @@ class ConstantOrigins:
                 continue
             seen[term] = None
             facts += shape_facts(term, self.shapes[term], counts) if term in self.shapes else []
-            facts += self._negations(term)
+            facts += self._negations(term) + self._ones(term)
             for origin in sorted(self.origins.get(term, ())):
                 facts.append(f"(union {term} {origin})")
                 pending += _CONST.findall(origin)

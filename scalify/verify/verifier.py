@@ -376,10 +376,12 @@ class Verifier:
             for run in runs:
                 result.deferred.pop(run.pending, None)
             return Relation(chosen, aliases, _inherited(inputs, set(leaves(parse(chosen)))))
-        fused = max((r.fused for r in runs), default=0) + 1
+        # (data movement is no op of the run: a broadcast of a pending row costs nothing)
+        fused = max((r.fused for r in runs), default=0) + (OPS[node.op].trait != MOVEMENT)
         opaque = self.dist_opaque.intersection(narrowest or window)
-        if fused <= self.options.fused_ops and not opaque:  # perhaps the ranks compute it fused
-            if not runs:                                     # with the next ops
+        allowed = self.options.fused_ops
+        if allowed and fused <= allowed and not opaque:  # perhaps the ranks compute it fused
+            if not runs:                                 # with the next ops
                 result.deferred[node.name] = self._discrepancy(node, inputs, term,
                                                                narrowest or window, relations)
             return Relation(outcome.term, pending=runs[0].pending if runs else node.name,

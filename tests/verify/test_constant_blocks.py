@@ -109,4 +109,15 @@ def test_a_negative_number_is_the_negation_of_the_positive_one():
     program = "\n".join([f"(let $y {minus})", *facts])
     leaf = plus[plus.index("(const"):plus.index(")") + 1]
     assert EgglogSession().holds(program, [f'(expand (unary "neg" {leaf}) 0 12)'])
-    assert not constants.facts(plus, counts=False)  # a positive one states nothing
+    assert not [f for f in constants.facts(plus, counts=False) if "neg" in f]  # nor the positive
+
+
+def test_a_constant_of_ones_says_so_and_a_product_with_it_is_the_other_operand():
+    from scalify.verify.session import EgglogSession
+
+    constants, (ones, other) = _constants(torch.ones(12), torch.full((12,), 2.0))
+    facts = constants.facts(f"{ones} {other}", counts=False)
+    leaf = ones[ones.index("(const"):ones.index(")") + 1]
+    assert f"(ones {leaf})" in facts and not [f for f in facts if other in f and "(ones" in f]
+    program = "\n".join([f'(let $y (binary "mul" (dist "x") {ones}))', *facts])
+    assert EgglogSession().holds(program, ['(dist "x")'])

@@ -5,7 +5,7 @@ the same inputs with the same attributes (the backward of a loss recomputing `ou
 mask built twice) is its first application, so the ops that read either copy meet at one
 tensor in the windows that relate them. A norm raised to its order again (`torch.norm(g) ** 2`,
 as gradient clipping sums norms) is the sum it was the root of, and an addition of zero is its
-other operand (`without_zero_fills`, `without_zero_shifts`)."""
+other operand (`without_zero_fills`, `without_zero_shifts`); a power of 1 is its base."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -22,10 +22,11 @@ _DISTINCT_OPS = frozenset({"opaque"})
 
 
 def simplified(graph: Graph) -> Graph:
-    """The graph without transpose round trips, root-then-power round trips, additions of
-    zero fills and repeated applications, its attention masks as fills (`masks.py`)."""
-    return without_repeats(masks_as_fills(without_zero_fills(without_root_powers(
-        without_double_transposes(graph)))))
+    """The graph without transpose round trips, root-then-power round trips, powers of 1,
+    additions of zero fills and repeated applications, its attention masks as fills
+    (`masks.py`)."""
+    return without_repeats(masks_as_fills(without_zero_fills(without_unit_powers(
+        without_root_powers(without_double_transposes(graph))))))
 
 
 def _dims(node: Node) -> frozenset[int]:
@@ -101,6 +102,13 @@ def without_zero_fills(graph: Graph) -> Graph:
         return None
 
     return with_aliases(graph, other_than_zeros)
+
+
+def without_unit_powers(graph: Graph) -> Graph:
+    """The graph with every `x ** 1` replaced by x (the backward of `x ** 2` is `2 * x ** 1`;
+    of a loss the other program wrote as `mse_loss`, `2 * x`)."""
+    return with_aliases(graph, lambda node, kept: _as_is(node, [node.inputs[0]], kept) if (
+        node.op == "pow_scalar" and node.attr("value") == 1) else None)
 
 
 def without_zero_shifts(graph: Graph) -> Graph:

@@ -42,6 +42,14 @@ def _half_part_example(gen, choice):
     return {**env, "z": evaluate(parse(HALF_PART), env)}
 
 
+HELD_SUM = '(binary "add" b c)'
+
+
+def _regroup_example(gen, choice):
+    env = {name: tensor(gen, *SHAPE) for name in "abc"}
+    return {**env, "q": evaluate(parse(HELD_SUM), env)}
+
+
 def _shape_op_rules() -> list[Rule]:
     """Elementwise ops commute with the size-1 shape ops that relations may contain."""
     x3, y3 = (lambda gen: tensor(gen, 3, 1, 5)), (lambda gen: tensor(gen, 3, 1, 5))
@@ -190,6 +198,11 @@ def rules() -> list[Rule]:
              _broadcast_example, families={"f": BINARY_KEYS}),
         Rule("commute-operands", "(binary f x y)", "(binary f y x)", _psum_example,
              when=("(commutative f)",), families={"f": COMMUTATIVE}),
+        # Gradients accumulated in another order (a residual's gradient added before or after
+        # the norm's): a sum regrouped, only into a sum some program holds (regrouping every
+        # sum reaches every grouping of long sums).
+        Rule("sum-regrouped-as-held", '(binary "add" (binary "add" a b) c)', '(binary "add" a q)',
+             _regroup_example, when=(f'(= q {HELD_SUM})',)),
         *_shape_op_rules(),
         *_softmax_gradient_rules(),
         # Negated losses: -(a - b) = b - a, and negation keeps zero fills.

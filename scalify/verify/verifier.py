@@ -345,7 +345,8 @@ class Verifier:
         for depth, look_through in windows:  # ops on replicated inputs usually match one hop away
             if look_through and related is not None:
                 break
-            program, window = self._program(node, inputs, depth, look_through, relations)
+            program, window = self._program(node, inputs, depth, look_through, relations,
+                                            across=bool(runs))
             narrowest = window if narrowest is None else narrowest
             result.windows += 1
             try:
@@ -418,10 +419,14 @@ class Verifier:
         return Relation(term, (), _inherited(inputs, set(leaves(parse(term)))))
 
     def _program(self, node: Node, inputs: list[Relation], depth: int, look_through: bool,
-                 relations: dict[str, Relation | None]) -> tuple[str, list[str]]:
+                 relations: dict[str, Relation | None], across: bool = False
+                 ) -> tuple[str, list[str]]:
+        """The window program of `node`; `across`: its window may reach rank ops of other
+        regions (an op that continues a fused run: the ranks may finish its computation where
+        autograd put it elsewhere, e.g. a residual's gradients summed at the embedding)."""
         leaves_in = {name for r in inputs for name in r.leaf_names()}
         region = region_of(node.source.module)
-        window = self._window(leaves_in, region, depth, look_through)
+        window = self._window(leaves_in, None if across else region, depth, look_through)
         defined = self._with_dependencies(window, leaves_in,
                                           sorted(leaves_in, key=self.dist.order.get), region)
         ref_args = [r.term for r in inputs]
@@ -472,10 +477,10 @@ class Verifier:
             holders = ranks if holders is None else holders & ranks
         return holders is not None and len({self.dist.rank_of(n) for n in same}) < len(holders)
 
-    def _window(self, start: set[str], region: str, max_depth: int,
+    def _window(self, start: set[str], region: str | None, max_depth: int,
                 look_through: bool) -> list[str]:
-        """Distributed nodes of `region` within `max_depth` hops downstream of `start`, where
-        ops that move data are no hop if `look_through`.
+        """Distributed nodes of `region` (of any, if None) within `max_depth` hops downstream
+        of `start`, where ops that move data are no hop if `look_through`.
 
         Ops on replicated inputs have their counterparts one hop away on every rank; ops on
         sharded or partial inputs look further, past collectives.
@@ -488,7 +493,8 @@ class Verifier:
             if depth[name] >= max_depth:
                 continue
             for user in self.users[name]:
-                if user in depth or user in self.dist_const or self.region[user] != region:
+                if user in depth or user in self.dist_const or region is not None and (
+                        self.region[user] != region):
                     continue
                 moves = look_through and self.dist.graph[user].op in _MOVES_DATA
                 depth[user] = depth[name] + (not moves)
@@ -496,7 +502,7 @@ class Verifier:
         window = sorted((n for n in depth if n not in start), key=self.dist.order.get)
         return window[:self.options.max_window_nodes]
 
-    def _moved_from(self, start: set[str], region: str) -> set[str]:
+    def _moved_from(self, start: set[str], region: str | None) -> set[str]:
         """`start` and the tensors its members were moved from (a rank's merge of rows whose
         unmerged rows other ops read: a bias gradient summed over each dim in turn)."""
         found, stack = set(start), list(start)
@@ -505,7 +511,8 @@ class Verifier:
             if node.op not in _MOVES_DATA:
                 continue
             for arg in node.inputs:
-                if arg not in found and arg not in self.dist_const and self.region[arg] == region:
+                if (arg not in found and arg not in self.dist_const
+                        and region in (None, self.region[arg])):
                     found.add(arg)
                     stack.append(arg)
         return found

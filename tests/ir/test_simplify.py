@@ -8,7 +8,7 @@ from torch import nn
 from scalify.capture.tracer import capture
 from scalify.ir.graph import Graph, Node
 from scalify.ir.simplify import (without_double_transposes, without_repeats,
-                                 without_root_powers, without_zero_fills,
+                                 without_root_powers, without_unit_powers, without_zero_fills,
                                  without_zero_shifts)
 from scalify.verify.numeric import run_graph
 
@@ -109,3 +109,25 @@ def test_zeros_added_to_a_broadcast_leave_the_broadcast() -> None:
     graph = _captured(lambda t: torch.zeros(2, 3) + t, x)
     simplified = without_zero_fills(graph)
     assert "add" not in _ops(simplified) and _same_numbers(graph, simplified, x)
+
+
+def test_a_power_of_one_is_its_base() -> None:
+    """The backward of `x ** 2` raises x to 1; a loss written as `mse_loss` does not."""
+    x = torch.randn(4, 3)
+
+    def gradient(t):
+        t = t.requires_grad_()
+        return torch.autograd.grad((t ** 2).sum(), t)[0]
+
+    graph = capture(nn.Module(), lambda: gradient(x), {"x": x}, grad=True)
+    simplified = without_unit_powers(graph)
+    assert _ops(graph).count("pow_scalar") == 1 and "pow_scalar" not in _ops(simplified)
+    assert _same_numbers(graph, simplified, x)
+
+
+def test_picks_from_zeros_are_zeros() -> None:
+    """DTensor's loss backward subtracts its pick from a zero fill: the subtraction goes."""
+    ids = torch.randint(0, 5, (3,))
+    graph = _captured(lambda t: torch.ones(3) - torch.zeros(3, 5)[torch.arange(3), t], ids)
+    simplified = without_zero_fills(graph)
+    assert "sub" not in _ops(simplified) and _same_numbers(graph, simplified, ids)

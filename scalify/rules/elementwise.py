@@ -81,6 +81,10 @@ def _shape_op_rules() -> list[Rule]:
              "(unsqueeze (masked_fill x m f) d)",
              lambda gen, c: {"x": tensor(gen, 3, 5), "m": tensor(gen, 3, 5) > 0, "d": 1,
                              "f": "0.0"}),
+        Rule("masked-fill-over-merges", "(masked_fill (merge x d i) (merge m d i) f)",
+             "(merge (masked_fill x m f) d i)",
+             lambda gen, c: {"x": tensor(gen, 3, 4, 5), "m": tensor(gen, 3, 4, 5) > 0, "d": 1,
+                             "i": 5, "f": "0.0"}),
         *_reshape_rules(),
     ]
 
@@ -118,6 +122,26 @@ def _reshape_rules() -> list[Rule]:
              lambda gen, c: {"x": merged(gen), "z": tensor(gen, 3, 1, 5), "d": 1, "i": 2, "n": 8,
                              **c},
              when=("(= (dimsize z d) 1)", "(> i 0)"), families={"f": BINARY_KEYS}),
+        # A row broadcast beside split rows (a gradient scaled per token on a [s, b, v] view
+        # of [s * b, v] rows) is the split of the broadcast of the merged row; beside merged
+        # or transposed rows, of the row merged or transposed alike.
+        Rule("binary-over-split-and-row", "(binary f (split x d i) (expand (unsqueeze g k) k n))",
+             "(split (binary f x (expand (unsqueeze (merge g d i) (- k 1)) (- k 1) n)) d i)",
+             lambda gen, c: {"x": split(gen), "g": tensor(gen, 3, 4, 2), "d": 1, "i": 2, "k": 3,
+                             "n": 5, **c},
+             when=("(< (+ d 1) k)",), families={"f": BINARY_KEYS}),
+        Rule("binary-over-merge-and-row",
+             "(binary f (merge x d i) (expand (unsqueeze (merge g d i) k) k n))",
+             "(merge (binary f x (expand (unsqueeze g (+ k 1)) (+ k 1) n)) d i)",
+             lambda gen, c: {"x": merged(gen), "g": tensor(gen, 3, 4, 2), "d": 1, "i": 2, "k": 2,
+                             "n": 5, **c},
+             when=("(< d k)",), families={"f": BINARY_KEYS}),
+        Rule("binary-over-transpose-and-row",
+             "(binary f (transpose x d e) (expand (unsqueeze g k) k n))",
+             "(transpose (binary f x (expand (unsqueeze (transpose g d e) k) k n)) d e)",
+             lambda gen, c: {"x": tensor(gen, 3, 4, 5), "g": tensor(gen, 4, 3), "d": 0, "e": 1,
+                             "k": 2, "n": 5, **c},
+             when=("(< d k)", "(< e k)"), families={"f": BINARY_KEYS}),
         Rule("unary-over-transpose", "(unary f (transpose x d e))", "(transpose (unary f x) d e)",
              lambda gen, c: {"x": merged(gen), "d": 0, "e": 2, **c}, families={"f": UNARY_KEYS}),
         Rule("binary-over-transposes", "(binary f (transpose x d e) (transpose y d e))",

@@ -100,6 +100,12 @@ def rules() -> list[Rule]:
              "(transpose (embedding w ids) d e)",
              lambda gen, c: {"w": tensor(gen, 5, 4), "d": 0, "e": 1,
                              "ids": torch.randint(0, 5, (2, 6), generator=gen)}),
+        # Its gradient sums every token's row, in any order of the tokens.
+        Rule("lookup-grad-of-transposed-rows", "(embedding_grad (transpose g d e) ids n)",
+             "(embedding_grad g (transpose ids d e) n)",
+             lambda gen, c: {"g": tensor(gen, 6, 2, 3), "d": 0, "e": 1, "n": 5,
+                             "ids": torch.randint(0, 5, (2, 6), generator=gen)},
+             when=("(< d (ndim ids))", "(< e (ndim ids))")),
         Rule("range-lookup-of-transposed-ids", "(embed_range w (transpose ids d e) s)",
              "(transpose (embed_range w ids s) d e)",
              lambda gen, c: {**_table_shifted(gen, c), "w": tensor(gen, 5, 4), "d": 0, "e": 1}),

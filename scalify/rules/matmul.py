@@ -77,6 +77,12 @@ def _row_rules() -> list[Rule]:
         Rule("matmul-merged-contraction", "(matmul (transpose (merge a 0 i) 0 1) (merge b 0 i) 2)",
              '(squeeze (reduce "sum" (matmul (transpose a 1 2) b 3) 0) 0)',
              lambda gen, c: {"a": tensor(gen, 2, 3, M), "b": tensor(gen, 2, 3, N), "i": 3}),
+        # A contraction over every row is the same in any row order ([s, b] rows or [b, s]).
+        Rule("matmul-contraction-of-transposed-rows",
+             "(matmul (transpose (merge (transpose a 0 1) 0 i) 0 1) (merge (transpose b 0 1) 0 i) 2)",
+             "(matmul (transpose (merge a 0 j) 0 1) (merge b 0 j) 2)",
+             lambda gen, c: {"a": tensor(gen, 2, 3, M), "b": tensor(gen, 2, 3, N), "i": 2, "j": 3},
+             when=("(= j (dimsize a 1))",)),
         Rule("matmul-transposed-rows", "(matmul (transpose a 0 1) (expand (unsqueeze y 0) 0 m) 3)",
              "(transpose (matmul a (expand (unsqueeze y 0) 0 n) 3) 0 1)", _rows,
              when=("(= n (dimsize a 0))", "(= m (dimsize a 1))")),

@@ -84,6 +84,11 @@ def rules() -> list[Rule]:
         Rule("sum-over-merged-dim", '(reduce "sum" (merge a d i) d)',
              '(squeeze (reduce "sum" (reduce "sum" a (+ d 1)) d) (+ d 1))',
              lambda gen, c: {"a": tensor(gen, 2, 3, 5), "d": 0, "i": 3}),
+        # A sum over every row is the same in any row order ([s, b] rows or [b, s]).
+        Rule("sum-over-transposed-rows", '(reduce "sum" (merge (transpose a 0 1) 0 i) 0)',
+             '(reduce "sum" (merge a 0 j) 0)',
+             lambda gen, c: {"a": tensor(gen, 2, 3, 5), "i": 2, "j": 3},
+             when=("(= j (dimsize a 1))",)),
         # Sums that keep their dims may run in either order (a bias gradient over [b, s, n]).
         Rule("sums-commute", '(reduce "sum" (reduce "sum" a d) k)',
              '(reduce "sum" (reduce "sum" a k) d)',

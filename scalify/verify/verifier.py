@@ -95,6 +95,9 @@ class Verification:
     deferred: dict[str, Discrepancy] = field(default_factory=dict)
     unknown: list[str] = field(default_factory=list)  # ops whose window hit its limits, and why
     unchecked: int = 0  # ops left unproved because the deadline passed
+    # A window read rank ops of other regions (a fused run's): the segment's relations hold
+    # for its neighbours as they are, so they are not reused for another layer.
+    reached_out: bool = False
 
     def absorb(self, outcome: Verification) -> None:
         """Add one segment's findings and counts (its relations are merged by the caller)."""
@@ -172,7 +175,7 @@ class Verifier:
                 outcome = run_segment(index, self.boundary(index, relations))
                 relations.update(outcome.relations)
                 result.absorb(outcome)
-                if key and not outcome.discrepancies and not outcome.unknown:
+                if key and not (outcome.discrepancies or outcome.unknown or outcome.reached_out):
                     self._remember_segment(key, [relations[n.name] for n in nodes])
                 if self.store is not None:
                     self.store.commit()  # a job that dies keeps every finished segment
@@ -337,6 +340,7 @@ class Verifier:
         runs = [r for r in inputs if r.pending is not None]
         if runs:  # the ranks' fused computation ends further downstream
             depths = [deeper]
+            result.reached_out = True
         # Last, a window that looks through data movement (the ranks' reshapes and gathers
         # cost no depth): it finds relations carried by movement, at a cost most ops need not pay.
         windows = [(depth, False) for depth in depths] + [(max(depths), True)]

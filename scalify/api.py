@@ -143,8 +143,25 @@ class _Attempt:
     def better(self, moved: _Attempt) -> _Attempt:
         """The attempt to report, this one being the code as written (its first discrepancy
         at a scaling): `moved` if it verifies or finds discrepancies too (the two forms differ
-        at scalings, and `moved` tells whether the scales agree), else this one."""
-        return moved if moved.verified or moved.result.discrepancies else self
+        at scalings, and `moved` tells whether the scales agree), else this one; this one too
+        when `moved` first parts at a reference op before this one's first discrepancy (an op
+        the code as written was proved at: a factor written down where the ranks' was not)."""
+        if moved.verified:
+            return moved
+        if not moved.result.discrepancies:
+            return self
+        order = {node.name: index for index, node in enumerate(self.reference)}
+        mine, theirs = (_position(order, attempt.result.discrepancies[0].ref_node)
+                        for attempt in (self, moved))
+        return self if None not in (mine, theirs) and theirs < mine else moved
+
+
+def _position(order: dict[str, int], name: str) -> int | None:
+    """The place in the code as written of a node of its moved form (a factor written down
+    as `<node>.x<k>` is placed at its node)."""
+    while name not in order and "." in name:
+        name = name.rsplit(".", 1)[0]
+    return order.get(name)
 
 
 def _at_scaling(graph: Graph, name: str) -> bool:

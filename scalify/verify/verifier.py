@@ -46,6 +46,9 @@ _MOVES_DATA = frozenset(name for name, op in OPS.items() if op.trait == MOVEMENT
 _LEAF_NAME = re.compile(r'\(dist "([^"]+)"\)')
 
 
+_BROADCASTS = frozenset({"expand", "unsqueeze"})
+
+
 def region_of(module: str) -> str:
     """The layer a module path belongs to (`model.layers.3`), or "" outside numbered layers."""
     match = _LAYER.match(module)
@@ -338,12 +341,18 @@ class Verifier:
         deeper = 2 * self.options.window_depth
         depths = [1, self.options.window_depth] if narrow else [self.options.window_depth]
         runs = [r for r in inputs if r.pending is not None]
+        if runs and node.op in _BROADCASTS:  # a broadcast of a value no rank holds (one op of
+            shapes = [self.ref[i].shape for i in node.inputs]  # the run with its value): the
+            return Relation(encode(node, [r.term for r in inputs], shapes),  # run's next op
+                            pending=runs[0].pending, fused=max(r.fused for r in runs))  # relates it
         if runs:  # the ranks' fused computation ends further downstream
             depths = [deeper]
             result.reached_out = True
         # Last, a window that looks through data movement (the ranks' reshapes and gathers
         # cost no depth): it finds relations carried by movement, at a cost most ops need not pay.
         windows = [(depth, False) for depth in depths] + [(max(depths), True)]
+        if runs and not self.options.context_parallel:  # (one window, without looking through)
+            windows = windows[:1]
         narrowest: list[str] | None = None  # the nodes closest to the op, for diagnostics
         related = None  # the last window that related the op
         for depth, look_through in windows:  # ops on replicated inputs usually match one hop away
@@ -381,8 +390,7 @@ class Verifier:
             for run in runs:
                 result.deferred.pop(run.pending, None)
             return Relation(chosen, aliases, _inherited(inputs, set(leaves(parse(chosen)))))
-        # (data movement is no op of the run: a broadcast of a pending row costs nothing)
-        fused = max((r.fused for r in runs), default=0) + (OPS[node.op].trait != MOVEMENT)
+        fused = max((r.fused for r in runs), default=0) + 1
         opaque = self.dist_opaque.intersection(narrowest or window)
         allowed = self.options.fused_ops
         if allowed and fused <= allowed and not opaque:  # perhaps the ranks compute it fused

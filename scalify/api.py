@@ -151,17 +151,18 @@ class _Attempt:
         if not moved.result.discrepancies:
             return self
         order = {node.name: index for index, node in enumerate(self.reference)}
-        mine, theirs = (_position(order, attempt.result.discrepancies[0].ref_node)
-                        for attempt in (self, moved))
-        return self if None not in (mine, theirs) and theirs < mine else moved
+        mine = order[self.result.discrepancies[0].ref_node]
+        theirs = _position(order, moved.reference.users(), moved.result.discrepancies[0].ref_node)
+        return self if theirs < mine else moved
 
 
-def _position(order: dict[str, int], name: str) -> int | None:
-    """The place in the code as written of a node of its moved form (a factor written down
-    as `<node>.x<k>` is placed at its node)."""
-    while name not in order and "." in name:
-        name = name.rsplit(".", 1)[0]
-    return order.get(name)
+def _position(order: dict[str, int], users: dict[str, list[str]], name: str) -> int:
+    """The place in the code as written of a node of its moved form: its own, or for a node
+    the moving added (a factor written down) its first user's (the end, for an output)."""
+    if name in order:
+        return order[name]
+    return min((_position(order, users, user) for user in users.get(name, ())),
+               default=len(order))
 
 
 def _at_scaling(graph: Graph, name: str) -> bool:

@@ -16,6 +16,8 @@ from fractions import Fraction
 from functools import cached_property
 from typing import Callable
 
+import torch
+
 from ..errors import ShapeError
 from ..ir.distributed import COLLECTIVES, DistributedGraph, constant_terms, constant_values
 from ..ir.graph import Graph, Node, SourceLoc
@@ -28,6 +30,7 @@ from ..rules.terms import (App, Term, is_relational, leaves, op_key, parse, read
                             render, shape_facts)
 from .constants import ConstantOrigins
 from .congruence import broadcast_term, rank_concat_relation, replicated_twins
+from .elements import Origins, follow_elements, movement_definition, replicas_of
 from .custom import custom_output_terms, custom_relation, family_custom_relation
 from .encode import encode
 from .opaque import opaque_dependents, opaque_sources, unknown_reason
@@ -152,6 +155,9 @@ class Verifier:
             if name not in self.dist_const and dist.graph[name].op != "placeholder":
                 self.region_nodes.setdefault(self.region[name], []).append(dist.graph[name])
         self.segment_memo: dict[str, list] = {}
+        self.same_op: dict[tuple, list[Node]] = {}  # rank nodes by op and attributes
+        for node in dist.graph:
+            self.same_op.setdefault((node.op, node.attrs), []).append(node)
         self.ref_users = ref.users()
         self.placements: dict[str, Placement] = {}
 
@@ -354,6 +360,7 @@ class Verifier:
         if runs and not self.options.context_parallel:  # (one window, without looking through)
             windows = windows[:1]
         narrowest: list[str] | None = None  # the nodes closest to the op, for diagnostics
+        searched: set[str] = set()  # every window's rank nodes
         related = None  # the last window that related the op
         for depth, look_through in windows:  # ops on replicated inputs usually match one hop away
             if look_through and related is not None:
@@ -361,12 +368,16 @@ class Verifier:
             program, window = self._program(node, inputs, depth, look_through, relations,
                                             across=bool(runs))
             narrowest = window if narrowest is None else narrowest
+            searched.update(window)
             result.windows += 1
             try:
                 outcome = self.session.saturate(program)
             except NoAnswer as limit:  # a bound or a shape conflict: neither related nor refuted
                 if related is not None or look_through:
                     break  # the narrower window's relation, or its failure, stands
+                followed = self._follow(node, inputs, searched, relations)
+                if followed is not None:
+                    return followed
                 result.unknown.append(f"{node.op} at {node.source}: its window gave no answer, {limit}")
                 return None
             term = parse(outcome.term)
@@ -390,6 +401,9 @@ class Verifier:
             for run in runs:
                 result.deferred.pop(run.pending, None)
             return Relation(chosen, aliases, _inherited(inputs, set(leaves(parse(chosen)))))
+        followed = self._follow(node, inputs, searched, relations)
+        if followed is not None:
+            return followed
         fused = max((r.fused for r in runs), default=0) + 1
         opaque = self.dist_opaque.intersection(narrowest or window)
         allowed = self.options.fused_ops
@@ -409,6 +423,29 @@ class Verifier:
             result.discrepancies.append(self._discrepancy(node, inputs, term, narrowest or window,
                                                           relations))
         return None
+
+    def _follow(self, node: Node, inputs: list[Relation], searched: set[str],
+                relations: dict[str, Relation | None]) -> Relation | None:
+        """The relation the windows' rank ops applying `node`'s op to the same elements give
+        (elements.py), when the inputs' relations are data movement of rank tensors (replicas
+        any relation names count as the tensors they copy)."""
+        if self.dist.symbolic or any(r.pending is not None for r in inputs):
+            return None
+        candidates = [n for n in self.same_op.get((node.op, node.attrs), []) if n.name in searched]
+        if not candidates:
+            return None
+        known = [r for r in relations.values() if r is not None]
+        term = follow_elements(node, [r.term for r in inputs], candidates,
+                               self._origins(known), self.dist.order)
+        if term is None:
+            return None
+        return Relation(term, (), _inherited(inputs, set(leaves(parse(term)))))
+
+    def _origins(self, relations: list[Relation]) -> Origins:
+        """Element ids of rank tensors, copies the relations name counted as their sources."""
+        return Origins(lambda name: movement_definition(self._definition(name)),
+                       lambda name: self.dist.graph[name].shape, self.constants.shapes.get,
+                       replicas_of(relations))
 
     def _congruent(self, node: Node, inputs: list[Relation]) -> Relation | None:
         """The relation a rank node applying the same op gives, without a window (congruence.py)."""
@@ -602,6 +639,8 @@ class Verifier:
             shapes = [self.dist.graph[n].shape for n in rank_outputs]
             held = Replicate() if isinstance(placement, Stage) else placement  # on its one rank
             expected = self._expected_output(held, rank_outputs, shapes, self.ref[output].shape)
+            if self._same_elements(relation, expected):
+                continue
             known = set(relation.leaf_names())
             region = region_of(self.dist.graph[rank_outputs[0]].source.module)
             # From the relation's rank tensors down, and from the rank outputs up: ops between
@@ -629,6 +668,21 @@ class Verifier:
             elif not holds:
                 result.discrepancies.append(self._output_discrepancy(
                     self.ref[output], relation, placement, rank_outputs, relations))
+
+    def _same_elements(self, relation: Relation, expected: list[str]) -> bool:
+        """Whether the relation and every expected term are data movement of rank tensors that
+        lay the same elements out the same way (elements.py)."""
+        if self.dist.symbolic:
+            return False
+        origins = self._origins([relation])
+        ids = origins.of(parse(relation.term))
+        if ids is None:
+            return False
+        for term in expected:
+            theirs = origins.of(parse(term))
+            if theirs is None or theirs.shape != ids.shape or not torch.equal(theirs, ids):
+                return False
+        return True
 
     def _expected_output(self, placement: Placement, rank_outputs: list[str],
                          shapes: list[Shape], ref_shape: Shape) -> list[str]:

@@ -1,0 +1,99 @@
+"""Relations found by following elements: heads regrouped by an all-to-all and merged with the
+batch (Ulysses sequence parallelism) verify; the head blocks returned in the wrong order are
+caught at the line that reorders them."""
+import math
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import scalify
+from scalify.ir.graph import Node
+from scalify.rules.terms import evaluate, parse
+from scalify.verify.elements import Origins, follow_elements
+
+WORLD, BATCH, SEQ, HEADS, DIM = 2, 2, 8, 4, 4
+
+
+def _exchange(x: torch.Tensor) -> torch.Tensor:
+    received = torch.empty_like(x)
+    dist.all_to_all_single(received, x.contiguous())
+    return received
+
+
+class Attention(nn.Module):
+    """Heads merged into the batch for `bmm`; `ranks`: the sequence is sharded and heads are
+    exchanged for it; `wrong_order`: the return exchange interleaves the head blocks."""
+
+    def __init__(self, ranks: bool = False, wrong_order: bool = False) -> None:
+        super().__init__()
+        self.ranks, self.wrong_order = ranks, wrong_order
+        self.qkv = nn.Linear(HEADS * DIM, 3 * HEADS * DIM)
+        self.out = nn.Linear(HEADS * DIM, HEADS * DIM)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, HEADS, DIM).unbind(2)
+        if self.ranks:  # [b, s/P, H, d] -> [b, s, H/P, d]
+            q, k, v = (_exchange(t.reshape(b, s, WORLD, HEADS // WORLD, DIM).permute(2, 0, 1, 3, 4))
+                       .permute(1, 0, 2, 3, 4).reshape(b, WORLD * s, HEADS // WORLD, DIM)
+                       for t in (q, k, v))
+        heads = q.shape[2]
+        q, k, v = (t.transpose(1, 2).reshape(b * heads, -1, DIM) for t in (q, k, v))
+        probs = torch.softmax(torch.bmm(q, k.transpose(1, 2)) / math.sqrt(DIM), -1)
+        context = torch.bmm(probs, v).view(b, heads, -1, DIM).transpose(1, 2)
+        if self.ranks:  # [b, s, H/P, d] -> [b, s/P, H, d]
+            sent = context.reshape(b, WORLD, context.shape[1] // WORLD, heads, DIM)
+            received = _exchange(sent.permute(1, 0, 2, 3, 4))
+            if self.wrong_order:
+                context = received.permute(1, 2, 3, 0, 4).reshape(b, s, HEADS, DIM)  # the bug
+            else:
+                context = received.permute(1, 2, 0, 3, 4).reshape(b, s, HEADS, DIM)
+        return self.out(context.reshape(b, context.shape[1], HEADS * DIM))
+
+
+def _verify(wrong_order: bool = False):
+    torch.manual_seed(0)
+    return scalify.verify_modules(
+        reference=Attention(), world_size=WORLD,
+        rank_module_factory=lambda rank: Attention(ranks=True, wrong_order=wrong_order),
+        example_inputs={"x": torch.randn(BATCH, SEQ, HEADS * DIM)},
+        input_placements={"x": scalify.Shard(1)}, output_placements=[scalify.Shard(1)],
+        numeric=True)
+
+
+def test_heads_regrouped_by_all_to_all_verify():
+    report = _verify()
+    assert report.verdict == "verified", report.discrepancies[:1]
+    assert report.numeric["agrees"]
+
+
+def test_head_blocks_in_the_wrong_order_are_caught_at_the_reorder():
+    report = _verify(wrong_order=True)
+    assert report.verdict == "discrepancy" and not report.numeric["agrees"]
+    lines = {line for _, line in report.discrepancies[0].lines()}
+    source = open(__file__).read().splitlines()
+    bug = next(i + 1 for i, text in enumerate(source) if text.endswith("# the bug"))
+    assert bug in lines
+
+
+def _node(name, op, inputs, shape, **attrs):
+    return Node(name, op, tuple(inputs), tuple(attrs.items()), shape, "float32")
+
+
+def test_each_batch_is_found_where_a_rank_computes_it():
+    """The reference's batches are the ranks' batches, stacked; with rank 1 multiplying rank 0's
+    right operand, the reference's last batches are computed by no rank op."""
+    shapes = {"r0/a": (2, 3, 4), "r1/a": (2, 3, 4), "r0/b": (2, 4, 5), "r1/b": (2, 4, 5)}
+    origins = Origins(lambda name: None, shapes.__getitem__, lambda key: None, {})
+    both = '(concat (dist "r0/{0}") (dist "r1/{0}") 0 2 2)'
+    candidates = [_node("r0/c", "matmul", ["r0/a", "r0/b"], (2, 3, 5)),
+                  _node("r1/c", "matmul", ["r1/a", "r1/b"], (2, 3, 5))]
+    ref = _node("c", "matmul", ["a", "b"], (4, 3, 5))
+    order = {"r0/c": 0, "r1/c": 1}
+    term = follow_elements(ref, [both.format("a"), both.format("b")], candidates, origins, order)
+    values = {"r0/c": torch.randn(2, 3, 5), "r1/c": torch.randn(2, 3, 5)}
+    assert torch.equal(evaluate(parse(term), values), torch.cat([values["r0/c"], values["r1/c"]]))
+    wrong = [_node("r0/c", "matmul", ["r0/a", "r0/b"], (2, 3, 5)),
+             _node("r1/c", "matmul", ["r1/a", "r0/b"], (2, 3, 5))]
+    assert follow_elements(ref, [both.format("a"), both.format("b")], wrong, origins, order) is None

@@ -165,10 +165,7 @@ def _verify(style, broken: bool, world: int = 2):
         {"x": torch.empty(TOKENS, HIDDEN, device="meta")}, params, inputs, [output], numeric=True)
 
 
-@pytest.mark.parametrize("style", [pytest.param(s, marks=pytest.mark.xfail(
-    strict=True, reason="captured right (the numbers agree), but the verifier relates no "
-    "reshuffle of token blocks into hidden blocks")) if s is all_to_all else s for s in STYLES],
-    ids=lambda s: s.__name__)
+@pytest.mark.parametrize("style", STYLES, ids=lambda s: s.__name__)
 def test_collective_style_verifies(style):
     report = _verify(style, broken=False)
     assert report.numeric["agrees"]

@@ -30,7 +30,7 @@ from ..rules.terms import (App, Term, is_relational, leaves, op_key, parse, read
                             render, shape_facts)
 from .constants import ConstantOrigins
 from .congruence import broadcast_term, rank_concat_relation, replicated_twins
-from .elements import Origins, follow_elements, movement_definition, replicas_of
+from .elements import Origins, follow_elements, numbered_definition, replicas_of
 from .custom import custom_output_terms, custom_relation, family_custom_relation
 from .encode import encode
 from .opaque import opaque_dependents, opaque_sources, unknown_reason
@@ -155,9 +155,6 @@ class Verifier:
             if name not in self.dist_const and dist.graph[name].op != "placeholder":
                 self.region_nodes.setdefault(self.region[name], []).append(dist.graph[name])
         self.segment_memo: dict[str, list] = {}
-        self.same_op: dict[tuple, list[Node]] = {}  # rank nodes by op and attributes
-        for node in dist.graph:
-            self.same_op.setdefault((node.op, node.attrs), []).append(node)
         self.ref_users = ref.users()
         self.placements: dict[str, Placement] = {}
 
@@ -426,26 +423,28 @@ class Verifier:
 
     def _follow(self, node: Node, inputs: list[Relation], searched: set[str],
                 relations: dict[str, Relation | None]) -> Relation | None:
-        """The relation the windows' rank ops applying `node`'s op to the same elements give
-        (elements.py), when the inputs' relations are data movement of rank tensors (replicas
-        any relation names count as the tensors they copy)."""
+        """The relation to the windows' rank tensors that hold the elements `node` computes,
+        numbered by how they were computed (elements.py); replicas any relation names count as
+        the tensors they copy."""
         if self.dist.symbolic or any(r.pending is not None for r in inputs):
             return None
-        candidates = [n for n in self.same_op.get((node.op, node.attrs), []) if n.name in searched]
-        if not candidates:
-            return None
-        known = [r for r in relations.values() if r is not None]
-        term = follow_elements(node, [r.term for r in inputs], candidates,
-                               self._origins(known), self.dist.order)
+        value = encode(node, [r.term for r in inputs], [self.ref[i].shape for i in node.inputs])
+        candidates = [self.dist.graph[name] for name in searched]
+        term = follow_elements(value, candidates,
+                               self._origins([r for r in relations.values() if r is not None]),
+                               self.dist.order)
         if term is None:
             return None
         return Relation(term, (), _inherited(inputs, set(leaves(parse(term)))))
 
     def _origins(self, relations: list[Relation]) -> Origins:
-        """Element ids of rank tensors, copies the relations name counted as their sources."""
-        return Origins(lambda name: movement_definition(self._definition(name)),
-                       lambda name: self.dist.graph[name].shape, self.constants.shapes.get,
-                       replicas_of(relations))
+        """Element numbering of rank tensors, copies the relations name counted as their
+        sources."""
+        return Origins(
+            lambda name: numbered_definition(self._definition(name),
+                                             OPS[self.dist.graph[name].op].trait != RANDOM),
+            lambda name: self.dist.graph[name].shape, self.constants.shapes.get,
+            replicas_of(relations))
 
     def _congruent(self, node: Node, inputs: list[Relation]) -> Relation | None:
         """The relation a rank node applying the same op gives, without a window (congruence.py)."""
@@ -639,7 +638,7 @@ class Verifier:
             shapes = [self.dist.graph[n].shape for n in rank_outputs]
             held = Replicate() if isinstance(placement, Stage) else placement  # on its one rank
             expected = self._expected_output(held, rank_outputs, shapes, self.ref[output].shape)
-            if self._same_elements(relation, expected):
+            if self._same_elements(relation, expected, relations):
                 continue
             known = set(relation.leaf_names())
             region = region_of(self.dist.graph[rank_outputs[0]].source.module)
@@ -669,12 +668,13 @@ class Verifier:
                 result.discrepancies.append(self._output_discrepancy(
                     self.ref[output], relation, placement, rank_outputs, relations))
 
-    def _same_elements(self, relation: Relation, expected: list[str]) -> bool:
-        """Whether the relation and every expected term are data movement of rank tensors that
-        lay the same elements out the same way (elements.py)."""
+    def _same_elements(self, relation: Relation, expected: list[str],
+                       relations: dict[str, Relation | None]) -> bool:
+        """Whether the relation and every expected term hold the same elements, numbered by
+        how they were computed (elements.py), in the same places."""
         if self.dist.symbolic:
             return False
-        origins = self._origins([relation])
+        origins = self._origins([r for r in relations.values() if r is not None])
         ids = origins.of(parse(relation.term))
         if ids is None:
             return False

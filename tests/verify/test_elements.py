@@ -77,23 +77,39 @@ def test_head_blocks_in_the_wrong_order_are_caught_at_the_reorder():
     assert bug in lines
 
 
-def _node(name, op, inputs, shape, **attrs):
-    return Node(name, op, tuple(inputs), tuple(attrs.items()), shape, "float32")
+def _node(name, op, inputs, shape):
+    return Node(name, op, tuple(inputs), (), shape, "float32")
+
+
+def _origins(definitions):
+    shapes = {"r0/a": (2, 3, 4), "r1/a": (2, 3, 4), "r0/b": (2, 4, 5), "r1/b": (2, 4, 5)}
+    return Origins(lambda name: parse(definitions[name]) if name in definitions else None,
+                   lambda name: shapes.get(name, (2, 3, 5)), lambda key: None, {})
 
 
 def test_each_batch_is_found_where_a_rank_computes_it():
     """The reference's batches are the ranks' batches, stacked; with rank 1 multiplying rank 0's
-    right operand, the reference's last batches are computed by no rank op."""
-    shapes = {"r0/a": (2, 3, 4), "r1/a": (2, 3, 4), "r0/b": (2, 4, 5), "r1/b": (2, 4, 5)}
-    origins = Origins(lambda name: None, shapes.__getitem__, lambda key: None, {})
+    right operand, the reference's last batches are computed by no rank tensor."""
     both = '(concat (dist "r0/{0}") (dist "r1/{0}") 0 2 2)'
+    value = f'(matmul {both.format("a")} {both.format("b")} 3)'
     candidates = [_node("r0/c", "matmul", ["r0/a", "r0/b"], (2, 3, 5)),
                   _node("r1/c", "matmul", ["r1/a", "r1/b"], (2, 3, 5))]
-    ref = _node("c", "matmul", ["a", "b"], (4, 3, 5))
     order = {"r0/c": 0, "r1/c": 1}
-    term = follow_elements(ref, [both.format("a"), both.format("b")], candidates, origins, order)
+    right = {"r0/c": '(matmul (dist "r0/a") (dist "r0/b") 3)',
+             "r1/c": '(matmul (dist "r1/a") (dist "r1/b") 3)'}
+    term = follow_elements(value, candidates, _origins(right), order)
     values = {"r0/c": torch.randn(2, 3, 5), "r1/c": torch.randn(2, 3, 5)}
     assert torch.equal(evaluate(parse(term), values), torch.cat([values["r0/c"], values["r1/c"]]))
-    wrong = [_node("r0/c", "matmul", ["r0/a", "r0/b"], (2, 3, 5)),
-             _node("r1/c", "matmul", ["r1/a", "r0/b"], (2, 3, 5))]
-    assert follow_elements(ref, [both.format("a"), both.format("b")], wrong, origins, order) is None
+    wrong = {**right, "r1/c": '(matmul (dist "r1/a") (dist "r0/b") 3)'}
+    assert follow_elements(value, candidates, _origins(wrong), order) is None
+
+
+def test_elements_computed_alike_on_replicas_are_one():
+    """Two ranks' copies of a replicated weight, once named replicas, number alike."""
+    definitions = {"r0/c": '(unary "neg" (dist "r0/w"))', "r1/c": '(unary "neg" (dist "r1/w"))'}
+    origins = Origins(lambda name: parse(definitions[name]) if name in definitions else None,
+                      lambda name: (3,), lambda key: None, {"r1/w": "r0/w"})
+    assert torch.equal(origins.of(parse('(dist "r0/c")')), origins.of(parse('(dist "r1/c")')))
+    unnamed = Origins(lambda name: parse(definitions[name]) if name in definitions else None,
+                      lambda name: (3,), lambda key: None, {})
+    assert not torch.equal(unnamed.of(parse('(dist "r0/c")')), unnamed.of(parse('(dist "r1/c")')))

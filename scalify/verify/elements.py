@@ -10,11 +10,14 @@ operands' elements for an elementwise op, the row for a softmax or a reduction, 
 column for a matmul). Equal ids are equal values. The reference op applied to its inputs'
 relations is numbered the same way; when every id it yields is held by some rank tensor, the
 reference value is those tensors' elements laid out as found (layout.py), an exact relation.
-Replicas the relations name (`Relation.aliases`) count as the tensor they copy; deterministic ops
-only (a random draw is a fresh tensor).
+Replicas the relations name (`Relation.aliases`) count as the tensor they copy, and rank inputs
+laid out in pieces (`Custom` placements) hold the ids of the reference elements each piece
+holds, so pieces several ranks hold (kv heads replicated across tensor-parallel ranks beside
+sharded query heads) number alike. Deterministic ops only (a random draw is a fresh tensor).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from math import prod
 from typing import Callable
 
@@ -35,13 +38,28 @@ BUDGET = 1 << 23  # elements numbered per Origins; past it rank tensors get fres
 DEPTH = 150  # definitions followed upstream from one query
 
 
+@dataclass(frozen=True)
+class HeldPiece:
+    """Indices [local_start, local_start + size) along `dim` of a rank input hold indices
+    [ref_start, ref_start + size) of reference input `target` (of `ref_shape`)."""
+
+    target: str
+    ref_shape: Shape
+    dim: int
+    local_start: int
+    ref_start: int
+    size: int
+
+
 class Origins:
     """Element ids of terms over rank tensors and constants (see the module docstring)."""
 
     def __init__(self, definition: Callable[[str], Term | None], shape_of: Callable[[str], Shape],
-                 const_shape: Callable[[str], Shape | None], replicas: dict[str, str]) -> None:
+                 const_shape: Callable[[str], Shape | None], replicas: dict[str, str],
+                 pieces: dict[str, list[HeldPiece]] | None = None) -> None:
         self._definition, self._shape_of, self._const_shape = definition, shape_of, const_shape
         self._replicas = replicas  # a replica's name -> the name of the tensor it copies
+        self._pieces = pieces or {}  # a rank input's name -> the reference pieces it holds
         self._ids: dict[str, torch.Tensor | None] = {}
         self._codes: dict[tuple, int] = {}
         self._next = 0
@@ -136,6 +154,8 @@ class Origins:
         return self._codes[key]
 
     def _of_name(self, name: str) -> torch.Tensor | None:
+        if name in self._pieces and name not in self._ids:
+            self._ids[name] = self._held(name, self._pieces[name])
         if name not in self._ids:
             self._ids[name] = None  # while its definition is numbered
             definition = None
@@ -150,6 +170,18 @@ class Origins:
                     self._depth -= 1
             self._ids[name] = ids if ids is not None else self._fresh(self._shape_of(name))
         return self._ids[name]
+
+    def _held(self, name: str, pieces: list[HeldPiece]) -> torch.Tensor | None:
+        ids = self._fresh(self._shape_of(name))
+        for piece in pieces:
+            key = f"reference {piece.target}"
+            if key not in self._ids:
+                self._ids[key] = self._fresh(piece.ref_shape)
+            if ids is None or self._ids[key] is None:
+                return None
+            ids.narrow(piece.dim, piece.local_start, piece.size).copy_(
+                self._ids[key].narrow(piece.dim, piece.ref_start, piece.size))
+        return ids
 
     def _fresh(self, shape: Shape | None) -> torch.Tensor | None:
         if shape is None or prod(shape) > ELEMENT_LIMIT:

@@ -30,8 +30,8 @@ from ..rules.terms import (App, Term, is_relational, leaves, op_key, parse, read
                             render, shape_facts)
 from .constants import ConstantOrigins
 from .congruence import broadcast_term, rank_concat_relation, replicated_twins
-from .elements import Origins, follow_elements, numbered_definition, replicas_of
-from .custom import custom_output_terms, custom_relation, family_custom_relation
+from .elements import HeldPiece, Origins, follow_elements, numbered_definition, replicas_of
+from .custom import custom_output_terms, custom_relation, family_custom_relation, rank_name
 from .encode import encode
 from .opaque import opaque_dependents, opaque_sources, unknown_reason
 from .relations import (Relation, Shape, describe, expected_output, family_relation,
@@ -444,7 +444,21 @@ class Verifier:
             lambda name: numbered_definition(self._definition(name),
                                              OPS[self.dist.graph[name].op].trait != RANDOM),
             lambda name: self.dist.graph[name].shape, self.constants.shapes.get,
-            replicas_of(relations))
+            replicas_of(relations), self._held_pieces)
+
+    @cached_property
+    def _held_pieces(self) -> dict[str, list[HeldPiece]]:
+        """The reference pieces each rank input laid out by a Custom placement holds."""
+        held: dict[str, list[HeldPiece]] = {}
+        for target, placement in self.placements.items():
+            if not isinstance(placement, Custom) or target not in self.ref:
+                continue
+            shape = self.ref[target].shape
+            for piece in placement.pieces:
+                held.setdefault(rank_name(piece), []).append(HeldPiece(
+                    target, shape, placement.dim % len(shape), piece.local_start,
+                    piece.ref_start, piece.size))
+        return held
 
     def _congruent(self, node: Node, inputs: list[Relation]) -> Relation | None:
         """The relation a rank node applying the same op gives, without a window (congruence.py)."""

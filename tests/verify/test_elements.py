@@ -1,6 +1,6 @@
 """Relations found by following elements: heads regrouped by an all-to-all and merged with the
 batch (Ulysses sequence parallelism) verify; the head blocks returned in the wrong order are
-caught at the line that reorders them."""
+caught at the line that reorders them; pieces of a weight several ranks hold number alike."""
 import math
 
 import torch
@@ -10,7 +10,7 @@ from torch import nn
 import scalify
 from scalify.ir.graph import Node
 from scalify.rules.terms import evaluate, parse
-from scalify.verify.elements import Origins, follow_elements
+from scalify.verify.elements import HeldPiece, Origins, follow_elements
 
 WORLD, BATCH, SEQ, HEADS, DIM = 2, 2, 8, 4, 4
 
@@ -113,3 +113,14 @@ def test_elements_computed_alike_on_replicas_are_one():
     unnamed = Origins(lambda name: parse(definitions[name]) if name in definitions else None,
                       lambda name: (3,), lambda key: None, {})
     assert not torch.equal(unnamed.of(parse('(dist "r0/c")')), unnamed.of(parse('(dist "r1/c")')))
+
+
+def test_pieces_several_ranks_hold_number_alike():
+    """A fused weight: each rank holds its own query rows and a copy of the shared kv rows."""
+    pieces = {f"r{rank}/w": [HeldPiece("w", (6, 3), 0, 0, 2 * rank, 2),
+                             HeldPiece("w", (6, 3), 0, 2, 4, 2)] for rank in (0, 1)}
+    origins = Origins(lambda name: None, lambda name: (4, 3), lambda key: None, {}, pieces)
+    kv = [origins.of(parse(f'(slice (dist "r{rank}/w") 0 2 4)')) for rank in (0, 1)]
+    queries = [origins.of(parse(f'(slice (dist "r{rank}/w") 0 0 2)')) for rank in (0, 1)]
+    assert torch.equal(*kv)
+    assert not set(queries[0].reshape(-1).tolist()) & set(queries[1].reshape(-1).tolist())

@@ -13,10 +13,13 @@ reference value is those tensors' elements laid out as found (layout.py), an exa
 Replicas the relations name (`Relation.aliases`) count as the tensor they copy, and rank inputs
 laid out in pieces (`Custom` placements) hold the ids of the reference elements each piece
 holds, so pieces several ranks hold (kv heads replicated across tensor-parallel ranks beside
-sharded query heads) number alike. Deterministic ops only (a random draw is a fresh tensor).
+sharded query heads) number alike. Gathers and replacing scatters whose indices are constants
+(a paged cache written at its slots and read through its block table) move ids as they move
+values. Deterministic ops only (a random draw is a fresh tensor).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from math import prod
 from typing import Callable
@@ -24,7 +27,8 @@ from typing import Callable
 import torch
 
 from ..ir.graph import Node
-from ..rules.terms import App, Term, evaluate, parse, render
+from ..ir.ops import OPS
+from ..rules.terms import App, Term, evaluate, leaves, parse, parse_op_key, render
 from .layout import layout_term
 from .relations import Relation, concat_terms, leaf
 
@@ -33,6 +37,12 @@ MOVES = frozenset({"concat", "slice", "expand", "unsqueeze", "squeeze", "merge",
                    "transpose"})
 ELEMENTWISE = frozenset({"unary", "binary", "where3", "masked_fill", "psum", "pmax", "cmp_int",
                          "add_int"})
+# Ops that place copies of elements where constant indices say (a gather, a scatter that
+# replaces): the positions of their index operands.
+PLACED_BY_INDEX = {"index": lambda n, attrs: range(1, n),
+                   "index_put": lambda n, attrs: () if attrs.get("accumulate") else range(1, n - 1),
+                   "take": lambda n, attrs: (1,), "embedding": lambda n, attrs: (1,)}
+_CONST_KEYS = re.compile(r'\(const "([0-9a-f]+)"\)')
 ELEMENT_LIMIT = 1 << 20  # elements numbered per tensor; larger ones are left to the e-graph
 BUDGET = 1 << 23  # elements numbered per Origins; past it rank tensors get fresh ids
 DEPTH = 150  # definitions followed upstream from one query
@@ -56,8 +66,10 @@ class Origins:
 
     def __init__(self, definition: Callable[[str], Term | None], shape_of: Callable[[str], Shape],
                  const_shape: Callable[[str], Shape | None], replicas: dict[str, str],
-                 pieces: dict[str, list[HeldPiece]] | None = None) -> None:
+                 pieces: dict[str, list[HeldPiece]] | None = None,
+                 const_value: Callable[[str], torch.Tensor | None] = lambda key: None) -> None:
         self._definition, self._shape_of, self._const_shape = definition, shape_of, const_shape
+        self._const_value = const_value
         self._replicas = replicas  # a replica's name -> the name of the tensor it copies
         self._pieces = pieces or {}  # a rank input's name -> the reference pieces it holds
         self._ids: dict[str, torch.Tensor | None] = {}
@@ -77,6 +89,9 @@ class Origins:
             if key not in self._ids:
                 self._ids[key] = self._fresh(self._const_shape(key))
             return self._ids[key]
+        placed = self._placed_by_index(term)
+        if placed is not None:
+            return placed
         operands = [self.of(a) if isinstance(a, App) else a for a in term.args]
         if any(o is None for o in operands):
             return None
@@ -123,6 +138,44 @@ class Origins:
                 parts.append(fill.expand(shape))
             return torch.cat([parts[0], x, parts[1]], dim)
         return None
+
+    def _placed_by_index(self, term: App) -> torch.Tensor | None:
+        """The ids a gather or replacing scatter with constant indices places (None for other
+        ops, or indices computed from rank tensors)."""
+        if term.head in PLACED_BY_INDEX:
+            op, attrs, tensors = term.head, {}, [a for a in term.args if isinstance(a, App)]
+        elif term.head.startswith("opaque") and isinstance(term.args[0], str):
+            op, attrs = parse_op_key(term.args[0])
+            tensors = list(term.args[1:])
+        else:
+            return None
+        if op not in PLACED_BY_INDEX:
+            return None
+        indices = set(PLACED_BY_INDEX[op](len(tensors), attrs))
+        if not indices:
+            return None
+        operands = [self._value(t) if i in indices else self.of(t) for i, t in enumerate(tensors)]
+        if any(o is None for o in operands):
+            return None
+        try:
+            return OPS[op].run(operands, attrs)
+        except (ValueError, RuntimeError, IndexError):
+            return None
+
+    def _value(self, term: Term) -> torch.Tensor | None:
+        """The value of a term over constants (None if it reads a rank tensor)."""
+        if not isinstance(term, App) or leaves(term):
+            return None
+        env = {}
+        for key in set(_CONST_KEYS.findall(render(term))):
+            value = self._const_value(f'(const "{key}")')
+            if value is None:
+                return None
+            env[key] = value
+        try:
+            return evaluate(term, env)
+        except (ValueError, RuntimeError, KeyError):
+            return None
 
     def _matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor | None:
         if a.dim() != b.dim() or a.dim() < 2 or a.shape[:-2] != b.shape[:-2] or a.shape[-1] != b.shape[-2]:

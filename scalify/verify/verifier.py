@@ -444,7 +444,7 @@ class Verifier:
             lambda name: numbered_definition(self._definition(name),
                                              OPS[self.dist.graph[name].op].trait != RANDOM),
             lambda name: self.dist.graph[name].shape, self.constants.shapes.get,
-            replicas_of(relations), self._held_pieces)
+            replicas_of(relations), self._held_pieces, self.constants.values.get)
 
     @cached_property
     def _held_pieces(self) -> dict[str, list[HeldPiece]]:

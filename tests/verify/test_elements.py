@@ -1,6 +1,7 @@
 """Relations found by following elements: heads regrouped by an all-to-all and merged with the
 batch (Ulysses sequence parallelism) verify; the head blocks returned in the wrong order are
-caught at the line that reorders them; pieces of a weight several ranks hold number alike."""
+caught at the line that reorders them; pieces of a weight several ranks hold number alike, and
+constant-index gathers and scatters move ids."""
 import math
 
 import torch
@@ -124,3 +125,24 @@ def test_pieces_several_ranks_hold_number_alike():
     queries = [origins.of(parse(f'(slice (dist "r{rank}/w") 0 0 2)')) for rank in (0, 1)]
     assert torch.equal(*kv)
     assert not set(queries[0].reshape(-1).tolist()) & set(queries[1].reshape(-1).tolist())
+
+
+def test_gathers_and_scatters_by_constant_indices_place_ids():
+    """A block table read (`index_select`) and a cache write (`index_put`) with constant slots
+    move ids; indices read from a rank tensor leave the result a fresh tensor."""
+    definitions = {
+        "r0/read": '(opaque2 "index|none_positions=(False,)" (dist "r0/cache") (const "ab"))',
+        "r0/write": '(opaque3 "index_put|accumulate=False;indices=(True,)" (dist "r0/cache") '
+                    '(const "ab") (dist "r0/new"))',
+        "r0/by_rank": '(opaque2 "index|none_positions=(False,)" (dist "r0/cache") (dist "r0/ids"))'}
+    shapes = {"r0/cache": (4, 3), "r0/new": (2, 3), "r0/ids": (2,)}
+    origins = Origins(lambda name: parse(definitions[name]) if name in definitions else None,
+                      lambda name: shapes.get(name, (2, 3)), lambda key: (2,), {},
+                      const_value=lambda key: torch.tensor([2, 0]))
+    cache, new = origins.of(parse('(dist "r0/cache")')), origins.of(parse('(dist "r0/new")'))
+    assert torch.equal(origins.of(parse('(dist "r0/read")')), cache[[2, 0]])
+    written = cache.clone()
+    written[[2, 0]] = new
+    assert torch.equal(origins.of(parse('(dist "r0/write")')), written)
+    assert not set(origins.of(parse('(dist "r0/by_rank")')).reshape(-1).tolist()) & set(
+        cache.reshape(-1).tolist())

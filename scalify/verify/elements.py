@@ -157,6 +157,10 @@ class Origins:
         operands = [self._value(t) if i in indices else self.of(t) for i, t in enumerate(tensors)]
         if any(o is None for o in operands):
             return None
+        if op == "index_put" and any(  # a slot written twice holds either value
+                len(set(operands[i].reshape(-1).tolist())) < operands[i].numel()
+                for i in indices if operands[i].dtype != torch.bool):
+            return None
         try:
             return OPS[op].run(operands, attrs)
         except (ValueError, RuntimeError, IndexError):

@@ -146,3 +146,16 @@ def test_gathers_and_scatters_by_constant_indices_place_ids():
     assert torch.equal(origins.of(parse('(dist "r0/write")')), written)
     assert not set(origins.of(parse('(dist "r0/by_rank")')).reshape(-1).tolist()) & set(
         cache.reshape(-1).tolist())
+
+
+def test_a_slot_written_twice_is_not_numbered():
+    """`index_put` with a repeated index leaves either value there: a fresh tensor."""
+    definitions = {"r0/write": '(opaque3 "index_put|accumulate=False;indices=(True,)" '
+                               '(dist "r0/cache") (const "ab") (dist "r0/new"))'}
+    shapes = {"r0/cache": (4, 3), "r0/new": (2, 3)}
+    origins = Origins(lambda name: parse(definitions[name]) if name in definitions else None,
+                      lambda name: shapes.get(name, (4, 3)), lambda key: (2,), {},
+                      const_value=lambda key: torch.tensor([1, 1]))
+    cache = origins.of(parse('(dist "r0/cache")'))
+    written = origins.of(parse('(dist "r0/write")'))
+    assert not set(written.reshape(-1).tolist()) & set(cache.reshape(-1).tolist())

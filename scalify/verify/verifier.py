@@ -783,8 +783,9 @@ class Verifier:
             if chosen:
                 path = self._parted_path(chosen, inputs, found, relations)
         blamed = producer.name if partial is not None else chosen
-        if blamed:  # and where the value it reads was scaled and cut
-            upstream = chain_lines(self.dist.graph, blamed) + cut_lines(self.dist.graph, blamed)
+        if blamed:  # and where the value it reads was scaled, cut and laid out
+            upstream = (chain_lines(self.dist.graph, blamed) + cut_lines(self.dist.graph, blamed)
+                        + self._misread_chains(node, inputs, blamed, relations))
             path += [loc for loc in upstream if loc not in path and loc != primary]
         nearby = sent + list(dict.fromkeys(self.dist.graph[n].source for n in lowest))[:10]
         return Discrepancy(node.op, node.name, node.source.module, node.source, primary,
@@ -792,6 +793,25 @@ class Verifier:
                            expected="a relation to the ranks' tensors (Replicate, Shard or Partial)",
                            hint=hint, inputs=described, nearby=nearby, path=path,
                            placements=self._sharded_parameters(node))
+
+    def _misread_chains(self, node: Node, inputs: list[Relation], blamed: str,
+                        relations: dict[str, Relation | None]) -> list[SourceLoc]:
+        """The lines that laid out each operand of the blamed rank op (applying the reference
+        op's op) that holds elements the reference operand does not hold (elements.py): k
+        and v swapped at a split, a block read from the wrong offset."""
+        rank_node = self.dist.graph[blamed]
+        if (self.dist.symbolic or rank_node.op != node.op
+                or len(rank_node.inputs) != len(inputs)):
+            return []
+        origins = self._origins([r for r in relations.values() if r is not None])
+        lines: list[SourceLoc] = []
+        for relation, name in zip(inputs, rank_node.inputs):
+            wanted = origins.of(parse(relation.term))
+            theirs = origins.of(App("dist", (name,)))
+            if wanted is not None and theirs is not None and not set(
+                    theirs.reshape(-1).tolist()) <= set(wanted.reshape(-1).tolist()):
+                lines += chain_lines(self.dist.graph, name)
+        return lines
 
     def _parted_path(self, blamed: str, inputs: list[Relation], found: App,
                      relations: dict[str, Relation | None], limit: int = 6) -> list[SourceLoc]:

@@ -1,6 +1,7 @@
 """Where the ranks and the reference part ways upstream of the op that fails: a column-parallel
 gate/up projection whose ranks take their two halves in the wrong order fails at the `silu`,
-and the report names the line that chose the halves too."""
+and the report names the line that chose the halves too; so does a product whose operand was
+cut from the wrong part of a fused projection (keys and values swapped)."""
 import inspect
 
 import torch
@@ -48,6 +49,52 @@ def test_the_line_taking_the_wrong_half_is_on_the_path():
     chunk_line = start + next(i for i, text in enumerate(lines) if ".chunk(" in text)
     assert first.ref_op == "silu"
     assert chunk_line in {loc.line for loc in first.path}
+
+
+def _heads(t):
+    return t.view(t.shape[0], 2, HIDDEN // 2).transpose(0, 1)
+
+
+class Scores(nn.Module):
+    """Per-head attention scores from separate query, key and value projections."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k, self.v = (nn.Linear(HIDDEN, HIDDEN, bias=False) for _ in range(3))
+
+    def forward(self, x):
+        q, k, v = (_heads(p(x)) for p in (self.q, self.k, self.v))
+        return (q @ k.transpose(1, 2)).softmax(-1) @ v
+
+
+class FusedScores(nn.Module):
+    """One fused projection on every rank, its output cut as query, value, key."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(HIDDEN, 3 * HIDDEN, bias=False)
+
+    def forward(self, x):
+        q, v, k = self.qkv(x).split(HIDDEN, dim=-1)
+        q, k, v = _heads(q), _heads(k), _heads(v)
+        return (q @ k.transpose(1, 2)).softmax(-1) @ v
+
+
+def _fused(state, rank, world_size):
+    return {"qkv.weight": torch.cat([state["q.weight"], state["k.weight"], state["v.weight"]])}
+
+
+def test_the_line_cutting_an_operand_from_the_wrong_part_is_named():
+    report = scalify.verify_modules(
+        reference=Scores(), rank_module_factory=lambda rank: FusedScores(), world_size=WORLD,
+        example_inputs={"x": torch.randn(4, HIDDEN)}, shard_fn=_fused,
+        output_placements=[scalify.Replicate()])
+    assert report.verdict == "discrepancy"
+    first = report.discrepancies[0]
+    lines, start = inspect.getsourcelines(FusedScores.forward)
+    split_line = start + next(i for i, text in enumerate(lines) if ".split(" in text)
+    assert first.ref_op == "matmul"
+    assert split_line in {line for _, line in first.lines()}
 
 
 class Regression(nn.Module):

@@ -93,14 +93,13 @@ class _Builder:
 
     def _apply(self, head: str, *args: int) -> None:
         self.term = App(head, (self.term, *args))
-        self.shape = list(infer_shape(_OPS[head], [tuple(self.shape)],
-                                      dict(zip(_ATTRS[head], args))))
+        self.shape = list(infer_shape(head, [tuple(self.shape)], dict(zip(_ATTRS[head], args))))
 
     def lay_out(self, digits: list[_Digit], offset: int, out_shape: Shape) -> App | str | None:
         """The chain for `digits` (outermost first) starting at source index `offset`."""
         moving = sorted((d for d in digits if d.stride), key=lambda d: -d.stride)
-        if len({d.stride for d in moving}) != len(moving):
-            return None
+        if len({d.stride for d in moving}) != len(moving) or any(d.stride < 0 for d in moving):
+            return None  # (a reversal, or two digits moving alike)
         total = prod(self.shape)
         strides = [d.stride for d in moving] + [1]  # of each cut dim; the last is the unit dim
         bounds = [total] + strides[:-1]
@@ -178,8 +177,6 @@ def _bounds(shape: list[int]) -> list[int]:
     return [prod(shape[i:]) for i in range(len(shape))] + [1]
 
 
-_OPS = {"split": "split", "merge": "merge", "slice": "slice", "squeeze": "squeeze",
-        "unsqueeze": "unsqueeze", "expand": "expand", "transpose": "transpose"}
 _ATTRS = {"split": ("dim", "inner"), "merge": ("dim", "inner"), "slice": ("dim", "start", "end"),
           "squeeze": ("dim",), "unsqueeze": ("dim",), "expand": ("dim", "size"),
           "transpose": ("dim0", "dim1")}

@@ -44,7 +44,7 @@ PLACED_BY_INDEX = {"index": lambda n, attrs: range(1, n),
                    "take": lambda n, attrs: (1,), "embedding": lambda n, attrs: (1,)}
 _CONST_KEYS = re.compile(r'\(const "([0-9a-f]+)"\)')
 ELEMENT_LIMIT = 1 << 20  # elements numbered per tensor; larger ones are left to the e-graph
-BUDGET = 1 << 23  # elements numbered per Origins; past it rank tensors get fresh ids
+BUDGET = 1 << 21  # elements numbered per Origins; past it rank tensors get fresh ids
 DEPTH = 150  # definitions followed upstream from one query
 
 

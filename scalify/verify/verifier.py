@@ -430,21 +430,20 @@ class Verifier:
             return None
         value = encode(node, [r.term for r in inputs], [self.ref[i].shape for i in node.inputs])
         candidates = [self.dist.graph[name] for name in searched]
-        term = follow_elements(value, candidates,
-                               self._origins([r for r in relations.values() if r is not None]),
-                               self.dist.order)
+        term = follow_elements(value, candidates, self._origins(relations), self.dist.order)
         if term is None:
             return None
         return Relation(term, (), _inherited(inputs, set(leaves(parse(term)))))
 
-    def _origins(self, relations: list[Relation]) -> Origins:
+    def _origins(self, relations: dict[str, Relation | None]) -> Origins:
         """Element numbering of rank tensors, copies the relations name counted as their
         sources."""
         return Origins(
             lambda name: numbered_definition(self._definition(name),
                                              OPS[self.dist.graph[name].op].trait != RANDOM),
             lambda name: self.dist.graph[name].shape, self.constants.shapes.get,
-            replicas_of(relations), self._held_pieces, self.constants.values.get)
+            replicas_of([r for r in relations.values() if r is not None]), self._held_pieces,
+            self.constants.values.get)
 
     @cached_property
     def _held_pieces(self) -> dict[str, list[HeldPiece]]:
@@ -688,7 +687,7 @@ class Verifier:
         how they were computed (elements.py), in the same places."""
         if self.dist.symbolic:
             return False
-        origins = self._origins([r for r in relations.values() if r is not None])
+        origins = self._origins(relations)
         ids = origins.of(parse(relation.term))
         if ids is None:
             return False
@@ -803,7 +802,7 @@ class Verifier:
         if (self.dist.symbolic or rank_node.op != node.op
                 or len(rank_node.inputs) != len(inputs)):
             return []
-        origins = self._origins([r for r in relations.values() if r is not None])
+        origins = self._origins(relations)
         lines: list[SourceLoc] = []
         for relation, name in zip(inputs, rank_node.inputs):
             wanted = origins.of(parse(relation.term))

@@ -60,7 +60,7 @@ class Scaled:
         return self.factor, self.parts, self.dim
 
 
-def _fraction(value: float) -> Fraction | None:
+def exact_fraction(value: float) -> Fraction | None:
     """The exact factor a Python scalar stands for (the simplest fraction that rounds to it)."""
     if (not isinstance(value, (int, float)) or isinstance(value, bool) or value == 0
             or not math.isfinite(value)):
@@ -80,7 +80,7 @@ def _snapped(factor: Fraction) -> Fraction:
 
 def scalar_factor(node: Node) -> Fraction | None:
     """The factor a `mul_scalar` or `div_scalar` scales by (None for other nodes)."""
-    value = _fraction(node.attr("value")) if node.op in SCALINGS else None
+    value = exact_fraction(node.attr("value")) if node.op in SCALINGS else None
     if value is None:
         return None
     return value if node.op == "mul_scalar" else 1 / value
@@ -91,7 +91,7 @@ def _uniform(value: torch.Tensor | None) -> Fraction | None:
     if value is None or not value.is_floating_point() or value.numel() == 0:
         return None
     first = value.reshape(-1)[0]
-    return _fraction(first.item()) if bool((value == first).all()) else None
+    return exact_fraction(first.item()) if bool((value == first).all()) else None
 
 
 @dataclass

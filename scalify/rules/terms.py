@@ -210,8 +210,18 @@ def parse_op_key(key: str) -> tuple[str, dict[str, Any]]:
     attrs = {}
     for item in filter(None, rest.split(";")):
         name, _, value = item.partition("=")
-        attrs[name] = ast.literal_eval(value)
+        attrs[name] = literal_value(value)
     return op, attrs
+
+
+def literal_value(text: str) -> Any:
+    """A Python literal as `repr` wrote it (non-finite floats included)."""
+    try:
+        return ast.literal_eval(text)
+    except ValueError:
+        if text in ("inf", "-inf", "nan"):
+            return float(text)
+        raise
 
 
 # Numeric meaning of every constructor, for rule tests and counterexamples. A term denotes one
@@ -407,7 +417,7 @@ _CONSTRUCTORS = {
     "take": lambda x, index, k: _run("take", [_ranked(x, k + 1), _indices(index, x.shape[-1])], {}),
     "untake": lambda g, index, size, k: _run("untake", [_ranked(g, k), _indices(index, size)],
                                              {"size": size}),
-    "masked_fill": lambda x, m, v: _run("masked_fill", [x, m], {"value": ast.literal_eval(v)}),
+    "masked_fill": lambda x, m, v: _run("masked_fill", [x, m], {"value": literal_value(v)}),
     "pad": lambda x, d, a, b, v: _run("pad", [x], {"dim": d, "before": a, "after": b,
                                                      "value": ast.literal_eval(v)}),
     "cmp_int": lambda f, x, v: _run(f + "_scalar", [x], {"value": v}),

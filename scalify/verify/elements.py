@@ -30,6 +30,7 @@ from ..ir.graph import Node
 from ..ir.ops import OPS
 from ..rules.terms import App, Term, evaluate, leaves, parse, parse_op_key, render
 from .layout import layout_term
+from .polynomials import OverBudget, Polynomials
 from .relations import Relation, concat_terms, leaf
 
 Shape = tuple[int, ...]
@@ -44,7 +45,10 @@ PLACED_BY_INDEX = {"index": lambda n, attrs: range(1, n),
                    "take": lambda n, attrs: (1,), "embedding": lambda n, attrs: (1,)}
 _CONST_KEYS = re.compile(r'\(const "([0-9a-f]+)"\)')
 ELEMENT_LIMIT = 1 << 20  # elements numbered per tensor; larger ones are left to the e-graph
-BUDGET = 1 << 21  # elements numbered per Origins; past it rank tensors get fresh ids
+BUDGET = 1 << 21  # elements numbered per query; past it rank tensors get fresh ids
+WORK_LIMIT = 1 << 20  # polynomial terms built per query; past it the query is not numbered
+DOT_LIMIT = 256  # a matmul contracting more is one id per row and column, not a polynomial
+CONSTANT_VALUES = 4096  # distinct values a constant may have to be numbered by its values
 DEPTH = 150  # definitions followed upstream from one query
 
 
@@ -67,16 +71,27 @@ class Origins:
     def __init__(self, definition: Callable[[str], Term | None], shape_of: Callable[[str], Shape],
                  const_shape: Callable[[str], Shape | None], replicas: dict[str, str],
                  pieces: dict[str, list[HeldPiece]] | None = None,
-                 const_value: Callable[[str], torch.Tensor | None] = lambda key: None) -> None:
+                 const_value: Callable[[str], torch.Tensor | None] = lambda key: None,
+                 polynomials: Polynomials | None = None, expand_products: bool = True) -> None:
         self._definition, self._shape_of, self._const_shape = definition, shape_of, const_shape
         self._const_value = const_value
         self._replicas = replicas  # a replica's name -> the name of the tensor it copies
         self._pieces = pieces or {}  # a rank input's name -> the reference pieces it holds
         self._ids: dict[str, torch.Tensor | None] = {}
-        self._codes: dict[tuple, int] = {}
-        self._next = 0
+        self._poly = polynomials or Polynomials()  # (shared: its ids are exact everywhere)
+        self._expand_products = expand_products  # a matmul's element as a sum of products
+        self._row_ids: dict[int, tuple[int, ...]] = {}  # a row's id -> its elements' ids
+        self._computed: dict[App, torch.Tensor] = {}  # an op's term -> its ids
         self._spent = 0
         self._depth = 0
+        self.held = 0  # elements whose ids are kept (its memory)
+
+    def new_query(self) -> Origins:
+        """Restart the per-query budgets (ids numbered so far are kept: they stay exact)."""
+        self._spent = 0
+        self._poly.work = 0
+        self._poly.limit = WORK_LIMIT
+        return self
 
     def of(self, term: Term) -> torch.Tensor | None:
         """The ids of `term`'s elements, or None (an op numbered by no rule, or too large)."""
@@ -87,8 +102,17 @@ class Origins:
         if term.head == "const":
             key = render(term)
             if key not in self._ids:
-                self._ids[key] = self._fresh(self._const_shape(key))
+                self._ids[key] = self._constant(key)
             return self._ids[key]
+        ids = self._computed.get(term)
+        if ids is None:
+            ids = self._computed_ids(term)
+            if ids is not None:  # (not past a budget: a later query may number it)
+                self._computed[term] = ids
+                self.held += ids.numel()
+        return ids
+
+    def _computed_ids(self, term: App) -> torch.Tensor | None:
         placed = self._placed_by_index(term)
         if placed is not None:
             return placed
@@ -101,6 +125,8 @@ class Origins:
         try:
             ids = self._apply(term.head, operands, tensors)
         except (ValueError, RuntimeError):  # ill-shaped: no numbering, not an error
+            return None
+        except OverBudget:
             return None
         if ids is not None:
             self._spent += ids.numel()
@@ -117,12 +143,16 @@ class Origins:
         if head in ELEMENTWISE:
             if len({t.shape for t in tensors}) != 1:
                 return None
-            return self._numbered((head, *attrs), tensors)
+            return self._per_element(lambda row: self._elementwise(head, attrs, row), tensors)
         if head == "matmul":
             return self._matmul(*tensors)
         if head in ("softmax", "reduce"):
             function, x, dim = operands
             rows = self._rows(x.movedim(dim, -1))
+            if head == "reduce" and function == "sum":
+                sums = self._per_row(lambda row: self._poly.linear((1, v) for v in row),
+                                     x.movedim(dim, -1))
+                return sums.unsqueeze(-1).movedim(-1, dim)
             if head == "reduce":  # (the reduced dim kept, of size 1)
                 return self._numbered((head, function), [rows]).unsqueeze(-1).movedim(-1, dim)
             places = torch.arange(x.shape[dim]).expand(x.movedim(dim, -1).shape)
@@ -130,7 +160,7 @@ class Origins:
             return self._numbered((head, function), [row_ids, places]).movedim(-1, dim)
         if head == "pad":
             x, dim, before, after, value = operands
-            fill = self._numbered(("fill", value), [torch.zeros(1, dtype=torch.int64)])
+            fill = torch.tensor([self._poly.constant(float(value))], dtype=torch.int64)
             shape = list(x.shape)
             parts = []
             for size in (before, after):
@@ -138,6 +168,12 @@ class Origins:
                 parts.append(fill.expand(shape))
             return torch.cat([parts[0], x, parts[1]], dim)
         return None
+
+    def _elementwise(self, head: str, attrs: tuple, row: tuple[int, ...]) -> int:
+        """The id of an elementwise op's element: by the algebra where it applies, else the op's
+        own."""
+        value = self._poly.elementwise(head, attrs, row)
+        return self._poly.code((head, *attrs, *row)) if value is None else value
 
     def _placed_by_index(self, term: App) -> torch.Tensor | None:
         """The ids a gather or replacing scatter with constant indices places (None for other
@@ -186,29 +222,48 @@ class Origins:
             return None
         rows = self._rows(a).unsqueeze(-1).expand(*a.shape[:-1], b.shape[-1])
         columns = self._rows(b.transpose(-1, -2)).unsqueeze(-2).expand(rows.shape)
-        return self._numbered(("matmul",), [rows, columns])
+        if a.shape[-1] > DOT_LIMIT or not self._expand_products:
+            return self._numbered(("matmul",), [rows, columns])
+        return self._per_element(lambda pair: self._poly.dot(self._row_ids[pair[0]],
+                                                             self._row_ids[pair[1]]),
+                                 [rows, columns])
 
     def _rows(self, x: torch.Tensor) -> torch.Tensor:
         """One id per row (last dim) of `x`, equal for rows of equal ids."""
+        def code(row: tuple[int, ...]) -> int:
+            key = self._poly.code(("row", *row))
+            self._row_ids[key] = row
+            return key
+        return self._per_row(code, x)
+
+    def _per_row(self, function: Callable[[tuple[int, ...]], int], x: torch.Tensor
+                 ) -> torch.Tensor:
+        """function(row) for each row (last dim) of `x`, once per distinct row."""
         flat = x.reshape(-1, x.shape[-1])
         unique, inverse = torch.unique(flat, dim=0, return_inverse=True)
-        codes = torch.tensor([self._code(("row", *row)) for row in unique.tolist()],
-                             dtype=torch.int64)
+        codes = torch.tensor([function(tuple(row)) for row in unique.tolist()], dtype=torch.int64)
         return codes[inverse].reshape(x.shape[:-1])
+
+    def _per_element(self, function: Callable[[tuple[int, ...]], int],
+                     parts: list[torch.Tensor]) -> torch.Tensor:
+        """function(the parts' ids) for each element, once per distinct tuple of ids."""
+        return self._per_row(function, torch.stack([p.reshape(-1) for p in parts], 1)
+                             ).reshape(parts[0].shape)
 
     def _numbered(self, tag: tuple, parts: list[torch.Tensor]) -> torch.Tensor:
         """One id per element: the op `tag` of the parts' ids there."""
-        stacked = torch.stack([p.reshape(-1) for p in parts], 1)
-        unique, inverse = torch.unique(stacked, dim=0, return_inverse=True)
-        codes = torch.tensor([self._code((*tag, *row)) for row in unique.tolist()],
-                             dtype=torch.int64)
-        return codes[inverse].reshape(parts[0].shape)
+        return self._per_element(lambda row: self._poly.code((*tag, *row)), parts)
 
-    def _code(self, key: tuple) -> int:
-        if key not in self._codes:
-            self._codes[key] = self._next
-            self._next += 1
-        return self._codes[key]
+    def _constant(self, key: str) -> torch.Tensor | None:
+        """A constant's ids: its numbers' where its value is known, else fresh."""
+        value = self._const_value(key)
+        if value is None or value.numel() > ELEMENT_LIMIT or value.is_complex():
+            return self._fresh(self._const_shape(key))
+        numbers, inverse = torch.unique(value, return_inverse=True)
+        if numbers.numel() > CONSTANT_VALUES:
+            return self._fresh(self._const_shape(key))
+        ids = torch.tensor([self._poly.constant(n) for n in numbers.tolist()], dtype=torch.int64)
+        return ids[inverse].reshape(value.shape)
 
     def _of_name(self, name: str) -> torch.Tensor | None:
         if name in self._pieces and name not in self._ids:
@@ -226,6 +281,7 @@ class Origins:
                 finally:
                     self._depth -= 1
             self._ids[name] = ids if ids is not None else self._fresh(self._shape_of(name))
+            self.held += 0 if self._ids[name] is None else self._ids[name].numel()
         return self._ids[name]
 
     def _held(self, name: str, pieces: list[HeldPiece]) -> torch.Tensor | None:
@@ -243,9 +299,8 @@ class Origins:
     def _fresh(self, shape: Shape | None) -> torch.Tensor | None:
         if shape is None or prod(shape) > ELEMENT_LIMIT:
             return None
-        ids = torch.arange(self._next, self._next + prod(shape), dtype=torch.int64).reshape(shape)
-        self._next += prod(shape)
-        return ids
+        start = self._poly.fresh(prod(shape))
+        return torch.arange(start, start + prod(shape), dtype=torch.int64).reshape(shape)
 
 
 def numbered_definition(encoded: str, deterministic: bool) -> Term | None:

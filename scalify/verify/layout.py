@@ -34,10 +34,12 @@ def layout_term(source: App, shape: Shape, where: torch.Tensor) -> App | None:
     """A movement term over `source` (of `shape`) whose entries are the source elements at the
     row-major indices `where` (of the term's shape), or None when no such chain exists."""
     flat = where.reshape(-1)
-    digits = _digits(flat, tuple(where.shape))
-    if digits is None or prod(shape) < 2:
-        return None
-    built = _Builder(shape).lay_out(digits, int(flat[0]), tuple(where.shape))
+    if prod(shape) == 1:
+        built = _broadcast_one(shape, tuple(where.shape))
+    else:
+        digits = _digits(flat, tuple(where.shape))
+        built = None if digits is None else _Builder(shape).lay_out(digits, int(flat[0]),
+                                                                     tuple(where.shape))
     if built is None:
         return None
     ids = torch.arange(prod(shape), dtype=torch.int64).reshape(shape)
@@ -48,6 +50,18 @@ def layout_term(source: App, shape: Shape, where: torch.Tensor) -> App | None:
     if tuple(value.shape) != tuple(where.shape) or not torch.equal(value, where):
         return None
     return _rebind(built, source)
+
+
+def _broadcast_one(shape: Shape, target: Shape) -> App:
+    """The one element of a source of `shape` broadcast to `target`."""
+    term: App | str = "?source"
+    for _ in shape:
+        term = App("squeeze", (term, 0))
+    for dim, size in enumerate(target):
+        term = App("unsqueeze", (term, dim))
+        if size != 1:
+            term = App("expand", (term, dim, size))
+    return term
 
 
 def _digits(flat: torch.Tensor, shape: Shape) -> list[_Digit] | None:

@@ -13,6 +13,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from fractions import Fraction
+from math import prod
 from functools import cached_property
 from typing import Callable
 
@@ -31,6 +32,7 @@ from ..rules.terms import (App, Term, is_relational, leaves, op_key, parse, read
 from .constants import ConstantOrigins
 from .congruence import broadcast_term, rank_concat_relation, replicated_twins
 from .elements import HeldPiece, Origins, follow_elements, numbered_definition, replicas_of
+from .polynomials import Polynomials
 from .custom import custom_output_terms, custom_relation, family_custom_relation, rank_name
 from .encode import encode
 from .opaque import opaque_dependents, opaque_sources, unknown_reason
@@ -41,6 +43,9 @@ from .session import EgglogSession, NoAnswer, WindowLimits
 from .store import MemoStore, ProofStore
 from .upstream import chain_lines, cut_lines
 
+WHOLE_PROGRAM_ELEMENTS = 1 << 16  # rank programs this small are searched whole by numbering
+NUMBERING_TERMS = 1 << 22  # polynomial terms, and element ids, kept between queries
+NUMBERED_RUN = 32  # reference ops no rank holds, in a row, that numbering alone may carry
 _LAYER = re.compile(r"^(.*?\.\d+)(\.|$)")
 # Ops that only move data (a gather too): a window's depth does not count them, so a relation
 # carried as movement of rank tensors (a reshape, a slice) still reaches the ranks' next op.
@@ -146,6 +151,8 @@ class Verifier:
         self.constants = ConstantOrigins()
         self.constants.add(dist.graph, self.dist_const, dist_values)
         self.constants.add(ref, self.ref_const, ref_values)
+        self._numbering: tuple[tuple, Origins] | None = None  # (its replicas, the numbering)
+        self._polynomials = Polynomials()
         self.dist_opaque = opaque_dependents(dist.graph)  # rank values nothing is known about
         self.region = {n.name: region_of(n.source.module) for n in dist.graph}
         self.labels = {n.name: _label(n, "every rank" if dist.symbolic else
@@ -344,6 +351,9 @@ class Verifier:
         deeper = 2 * self.options.window_depth
         depths = [1, self.options.window_depth] if narrow else [self.options.window_depth]
         runs = [r for r in inputs if r.pending is not None]
+        if runs and max(r.fused for r in runs) >= self.options.fused_ops > 0 \
+                and self._whole_program_numbered:
+            return self._numbered_run(node, inputs, runs, relations, result)
         if runs and node.op in _BROADCASTS:  # a broadcast of a value no rank holds (one op of
             shapes = [self.ref[i].shape for i in node.inputs]  # the run with its value): the
             return Relation(encode(node, [r.term for r in inputs], shapes),  # run's next op
@@ -374,7 +384,7 @@ class Verifier:
                     break  # the narrower window's relation, or its failure, stands
                 followed = self._follow(node, inputs, searched, relations)
                 if followed is not None:
-                    return followed
+                    return self._brought_back(followed, runs, result)
                 result.unknown.append(f"{node.op} at {node.source}: its window gave no answer, {limit}")
                 return None
             term = parse(outcome.term)
@@ -395,12 +405,12 @@ class Verifier:
             chosen = leaf(same[0]) if term.head == "dist" and same else outcome.term  # lowest rank
             aliases = tuple((chosen, name) for name in same if leaf(name) != chosen)
             aliases += tuple((leaf(a), b) for a, b in outcome.leaf_aliases)
-            for run in runs:
-                result.deferred.pop(run.pending, None)
-            return Relation(chosen, aliases, _inherited(inputs, set(leaves(parse(chosen)))))
+            return self._brought_back(
+                Relation(chosen, aliases, _inherited(inputs, set(leaves(parse(chosen))))), runs,
+                result)
         followed = self._follow(node, inputs, searched, relations)
         if followed is not None:
-            return followed
+            return self._brought_back(followed, runs, result)
         fused = max((r.fused for r in runs), default=0) + 1
         opaque = self.dist_opaque.intersection(narrowest or window)
         allowed = self.options.fused_ops
@@ -421,29 +431,71 @@ class Verifier:
                                                           relations))
         return None
 
+    def _numbered_run(self, node: Node, inputs: list[Relation], runs: list[Relation],
+                      relations: dict[str, Relation | None], result: Verification
+                      ) -> Relation | None:
+        """A run of ops no rank holds, past the windows' reach, in a program numbered whole:
+        related where the ranks' elements hold its value (a sum over ranks taken after every
+        local part was added: a gradient norm), else carried on, up to NUMBERED_RUN ops."""
+        followed = self._follow(node, inputs, set(), relations)
+        if followed is not None:
+            return self._brought_back(followed, runs, result)
+        fused = max(r.fused for r in runs) + 1
+        if fused > NUMBERED_RUN:
+            self._fail_run(runs[0].pending, node, result)
+            return None
+        shapes = [self.ref[i].shape for i in node.inputs]
+        return Relation(encode(node, [r.term for r in inputs], shapes), pending=runs[0].pending,
+                        fused=fused)
+
+    @staticmethod
+    def _brought_back(relation: Relation, runs: list[Relation], result: Verification
+                      ) -> Relation:
+        """`relation`, found for an op that ends the runs: their deferred reports are void."""
+        for run in runs:
+            result.deferred.pop(run.pending, None)
+        return relation
+
     def _follow(self, node: Node, inputs: list[Relation], searched: set[str],
                 relations: dict[str, Relation | None]) -> Relation | None:
         """The relation to the windows' rank tensors that hold the elements `node` computes,
         numbered by how they were computed (elements.py); replicas any relation names count as
         the tensors they copy."""
-        if self.dist.symbolic or any(r.pending is not None for r in inputs):
+        if self.dist.symbolic:
             return None
         value = encode(node, [r.term for r in inputs], [self.ref[i].shape for i in node.inputs])
+        origins = self._origins(relations)
         candidates = [self.dist.graph[name] for name in searched]
-        term = follow_elements(value, candidates, self._origins(relations), self.dist.order)
+        term = follow_elements(value, candidates, origins, self.dist.order)
+        if term is None and self._whole_program_numbered:  # the ranks computed it elsewhere
+            term = follow_elements(value, list(self.dist.graph), origins, self.dist.order)
         if term is None:
             return None
         return Relation(term, (), _inherited(inputs, set(leaves(parse(term)))))
 
+    @cached_property
+    def _whole_program_numbered(self) -> bool:
+        """Whether the ranks' programs are small enough to search whole for a value's elements
+        (a value recomputed on another path than the one the windows follow: a backward that
+        recomputes a partial sum instead of reading the forward's)."""
+        return sum(prod(node.shape) for node in self.dist.graph) <= WHOLE_PROGRAM_ELEMENTS
+
     def _origins(self, relations: dict[str, Relation | None]) -> Origins:
         """Element numbering of rank tensors, copies the relations name counted as their
-        sources."""
-        return Origins(
-            lambda name: numbered_definition(self._definition(name),
-                                             OPS[self.dist.graph[name].op].trait != RANDOM),
-            lambda name: self.dist.graph[name].shape, self.constants.shapes.get,
-            replicas_of([r for r in relations.values() if r is not None]), self._held_pieces,
-            self.constants.values.get)
+        sources; kept while no relation names a new copy."""
+        replicas = replicas_of([r for r in relations.values() if r is not None])
+        key = tuple(sorted(replicas.items()))
+        if self._polynomials.stored > NUMBERING_TERMS:  # start a new table (its ids stay exact)
+            self._polynomials, self._numbering = Polynomials(), None
+        if self._numbering is None or self._numbering[0] != key or \
+                self._numbering[1].held > NUMBERING_TERMS:
+            self._numbering = key, Origins(
+                lambda name: numbered_definition(self._definition(name),
+                                                 OPS[self.dist.graph[name].op].trait != RANDOM),
+                lambda name: self.dist.graph[name].shape, self.constants.shapes.get,
+                replicas, self._held_pieces, self.constants.values.get, self._polynomials,
+                expand_products=self._whole_program_numbered)
+        return self._numbering[1].new_query()
 
     @cached_property
     def _held_pieces(self) -> dict[str, list[HeldPiece]]:

@@ -45,7 +45,6 @@ from .upstream import chain_lines, cut_lines
 
 WHOLE_PROGRAM_ELEMENTS = 1 << 16  # rank programs this small are searched whole by numbering
 NUMBERING_TERMS = 1 << 22  # polynomial terms, and element ids, kept between queries
-NUMBERED_RUN = 32  # reference ops no rank holds, in a row, that numbering alone may carry
 _LAYER = re.compile(r"^(.*?\.\d+)(\.|$)")
 # Ops that only move data (a gather too): a window's depth does not count them, so a relation
 # carried as movement of rank tensors (a reshape, a slice) still reaches the ranks' next op.
@@ -351,9 +350,6 @@ class Verifier:
         deeper = 2 * self.options.window_depth
         depths = [1, self.options.window_depth] if narrow else [self.options.window_depth]
         runs = [r for r in inputs if r.pending is not None]
-        if runs and max(r.fused for r in runs) >= self.options.fused_ops > 0 \
-                and self._whole_program_numbered:
-            return self._numbered_run(node, inputs, runs, relations, result)
         if runs and node.op in _BROADCASTS:  # a broadcast of a value no rank holds (one op of
             shapes = [self.ref[i].shape for i in node.inputs]  # the run with its value): the
             return Relation(encode(node, [r.term for r in inputs], shapes),  # run's next op
@@ -430,23 +426,6 @@ class Verifier:
             result.discrepancies.append(self._discrepancy(node, inputs, term, narrowest or window,
                                                           relations))
         return None
-
-    def _numbered_run(self, node: Node, inputs: list[Relation], runs: list[Relation],
-                      relations: dict[str, Relation | None], result: Verification
-                      ) -> Relation | None:
-        """A run of ops no rank holds, past the windows' reach, in a program numbered whole:
-        related where the ranks' elements hold its value (a sum over ranks taken after every
-        local part was added: a gradient norm), else carried on, up to NUMBERED_RUN ops."""
-        followed = self._follow(node, inputs, set(), relations)
-        if followed is not None:
-            return self._brought_back(followed, runs, result)
-        fused = max(r.fused for r in runs) + 1
-        if fused > NUMBERED_RUN:
-            self._fail_run(runs[0].pending, node, result)
-            return None
-        shapes = [self.ref[i].shape for i in node.inputs]
-        return Relation(encode(node, [r.term for r in inputs], shapes), pending=runs[0].pending,
-                        fused=fused)
 
     @staticmethod
     def _brought_back(relation: Relation, runs: list[Relation], result: Verification

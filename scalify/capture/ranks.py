@@ -70,12 +70,26 @@ def capture_ranks(factory: RankModuleFactory, world_size: int,
     children = [_fork(capture_some, share) for share in shares[1:]]
     by_rank = dict(zip(shares[0], capture_some(shares[0])))
     for share, (process, connection) in zip(shares[1:], children):
-        graphs = connection.recv()
-        process.join()
+        graphs = _receive(process, connection, share)
         if isinstance(graphs, BaseException):
             raise graphs
         by_rank.update(zip(share, graphs))
     return [by_rank[rank] for rank in range(world_size)]
+
+
+def _receive(process: Any, connection: Any, ranks: list[int]) -> Any:
+    """What the child capturing `ranks` sent; a clear error if it died before sending."""
+    died = CaptureError(f"the process capturing ranks {ranks} died before returning their "
+                        f"graphs (out of memory?); retry with one capture worker")
+    while not connection.poll(1.0):
+        if not process.is_alive():
+            raise died
+    try:
+        received = connection.recv()
+    except EOFError:
+        raise died from None
+    process.join()
+    return received
 
 
 def _fork(work: Callable[[list[int]], list[Graph]], ranks: list[int]) -> tuple[Any, Any]:
@@ -84,6 +98,7 @@ def _fork(work: Callable[[list[int]], list[Graph]], ranks: list[int]) -> tuple[A
     receiver, sender = context.Pipe(duplex=False)
 
     def child() -> None:
+        torch.set_num_threads(1)  # OpenMP's pool does not survive fork: a parallel op would hang
         try:
             sender.send(work(ranks))
         except BaseException as error:  # the parent re-raises it

@@ -36,6 +36,7 @@ class PassedOn:
         self._user_code: dict[CodeType, bool] = {}
         self._stores: dict[CodeType, dict[str, list[int]]] = {}
         self.lines: dict[str, list[str]] = {}
+        self.values_from: dict[str, list[str]] = {}  # node -> lines that set what the ops read
 
     def add(self, name: str, *lines: str) -> None:
         """Lines that passed node `name`'s value on (its own line and '' are left out)."""
@@ -50,6 +51,8 @@ class PassedOn:
         """An op at `source` passed the value of node `name` on (with the line that called it)."""
         if source.file:
             self.add(name, f"{source.file}:{source.line}", *source.callers[:1])
+            values = self.values_from.setdefault(name, [])
+            values.extend(line for line in source.values_from if line not in values)
 
     @contextmanager
     def returns(self, node_of: Callable[[torch.Tensor], str | None]) -> Iterator[None]:
@@ -118,13 +121,17 @@ class PassedOn:
         return ""
 
     def written_into(self, graph: Graph) -> Graph:
-        """`graph` with each node's recorded lines in its source's `passed_at`."""
+        """`graph` with each node's recorded lines in its source's `passed_at`, and the lines that
+        set the values the passing ops read in its `values_from`."""
         if not self.lines:
             return graph
         written = Graph(outputs=list(graph.outputs))
         for node in graph:
             lines = self.lines.get(node.name)
             if lines:
-                node = replace(node, source=replace(node.source, passed_at=tuple(lines)))
+                values = dict.fromkeys([*node.source.values_from,
+                                        *self.values_from.get(node.name, ())])
+                node = replace(node, source=replace(node.source, passed_at=tuple(lines),
+                                                    values_from=tuple(values)))
             written.add(node)
         return written

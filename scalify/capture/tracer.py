@@ -35,6 +35,7 @@ from .builder import GraphBuilder, Ref
 from .decompose import decomposition_of
 from .movement import canonical_movement
 from .passed_on import PassedOn
+from .value_sources import value_sources
 from .dtensor import dtensor_layout, has_dtensor, local_tensor, sharding_propagation_unrecorded
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
@@ -55,7 +56,7 @@ class SourceTracker:
     def __init__(self, module_names: dict[int, str]) -> None:
         self._module_names = module_names
         self.stack: list[str] = []
-        self._lines: dict[tuple[Any, int], tuple[str, int, str]] = {}
+        self._lines: dict[tuple[Any, int], tuple[str, int, str, tuple[str, ...]]] = {}
         self._forward: dict[int, SourceLoc] = {}  # autograd sequence number -> forward location
         self._last_backward = SourceLoc(backward=True)
 
@@ -107,9 +108,11 @@ class SourceTracker:
         key = (frame.f_code, frame.f_lineno)
         if key not in self._lines:
             self._lines[key] = (frame.f_code.co_filename, frame.f_lineno,
-                                linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip())
-        filename, line, code = self._lines[key]
-        return SourceLoc(filename, line, code, module, _callers(frame.f_back)), in_engine
+                                linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip(),
+                                value_sources(frame))
+        filename, line, code, values_from = self._lines[key]
+        return SourceLoc(filename, line, code, module, _callers(frame.f_back),
+                         values_from=values_from), in_engine
 
     def failure(self, error: BaseException) -> str:
         """The module being run and the innermost user line of `error`'s traceback."""

@@ -18,6 +18,7 @@ class SourceLoc:
     backward: bool = False  # computed by the backward pass of the op at this line
     scaled_at: tuple[str, ...] = ()  # `file:line`s whose scalar factors were moved into this op
     passed_at: tuple[str, ...] = ()  # `file:line`s that passed this value on unchanged
+    values_from: tuple[str, ...] = ()  # `file:line`s that set the Python values this line reads
 
     def __str__(self) -> str:
         where = f"{self.file}:{self.line}" if self.file else "<unknown>"

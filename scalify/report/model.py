@@ -31,13 +31,16 @@ class Discrepancy:
     def lines(self) -> set[tuple[str, int]]:
         """Every distributed source line the discrepancy names, with the lines that called them
         the lines whose scalar factors were moved into them and the lines that passed their
-        values on (returned, copied, or wrote them into a buffer)."""
-        named = set()
-        for loc in [self.dist_source, *self.path, *self.nearby]:
-            named.add((loc.file, loc.line))
-            for caller in (*loc.callers, *loc.scaled_at, *loc.passed_at):
-                file, _, line = caller.rpartition(":")
-                named.add((file, int(line)))
+        values on (returned, copied, or wrote them into a buffer); for the op and its path, also
+        the lines that set the Python values (offsets, scales, groups) their lines read."""
+        places = [place for loc in [self.dist_source, *self.path]
+                  for place in (*loc.callers, *loc.scaled_at, *loc.passed_at, *loc.values_from)]
+        places += [place for loc in self.nearby
+                   for place in (*loc.callers, *loc.scaled_at, *loc.passed_at)]
+        named = {(loc.file, loc.line) for loc in [self.dist_source, *self.path, *self.nearby]}
+        for place in places:
+            file, _, line = place.rpartition(":")
+            named.add((file, int(line)))
         return named
 
 

@@ -44,6 +44,8 @@ def print_summary(report: Report, console: Console) -> None:
             console.print(f"    also scaled at {', '.join(d.dist_source.scaled_at)}")
         if d.dist_source.passed_at:
             console.print(f"    passed on at {', '.join(d.dist_source.passed_at)}")
+        if d.dist_source.values_from:
+            console.print(f"    values it reads set at {', '.join(d.dist_source.values_from)}")
         console.print(f"  found: {d.found[:300]}")
         console.print(f"  expected: {d.expected}")
         console.print(f"  hint: {d.hint}")
@@ -51,6 +53,8 @@ def print_summary(report: Report, console: Console) -> None:
             console.print(f"  rank op it depends on: {loc}  {loc.code}")
             if loc.passed_at:
                 console.print(f"    passed on at {', '.join(loc.passed_at)}")
+            if loc.values_from:
+                console.print(f"    values it reads set at {', '.join(loc.values_from)}")
         for placement in d.placements:
             console.print(f"  placement: {placement}")
 
@@ -112,7 +116,9 @@ def _source_html(loc: SourceLoc, role: str) -> str:
         f"<div class='callers'>also scaled at {escape(', '.join(loc.scaled_at))}</div>"
         if loc.scaled_at else "") + (
         f"<div class='callers'>passed on at {escape(', '.join(loc.passed_at))}</div>"
-        if loc.passed_at else "")
+        if loc.passed_at else "") + (
+        f"<div class='callers'>values it reads set at {escape(', '.join(loc.values_from))}</div>"
+        if loc.values_from else "")
     return (f"<div class='source {role}'><code class='location'>{escape(str(loc))}</code> "
             f"<span class='module'>{escape(loc.module)}</span>"
             f"<pre class='code'>{escape(loc.code)}</pre>{callers}</div>")

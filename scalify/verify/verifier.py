@@ -778,7 +778,6 @@ class Verifier:
             (self.dist.rank_of(w) for w in window), default=0)]
         partials = [(i, _partial(parse(r.term))) for i, r in enumerate(inputs)]
         partial = next(((i, found) for i, found in partials if found), None)
-        sent: list[SourceLoc] = []  # a collective that received the partial sum
         path: list[SourceLoc] = []  # the rank ops from the last values known equal to this op
         if partial is not None:
             position, (kind, term) = partial
@@ -794,8 +793,8 @@ class Verifier:
                         f"from {producer.source}) but never adds up before this {node.op}")
             collective = self._collective_receiving(producer.name)
             if collective is not None:  # the partial sum is sent, but not summed into this value
-                sent.append(collective.source)
-                path += [loc for loc in self._first_uses(collective.name) if loc not in path]
+                path += [loc for loc in [collective.source, *self._first_uses(collective.name)]
+                         if loc not in path]
                 hint = (f"input {position} is a partial {kind} over ranks (from "
                         f"{producer.source}) that the {collective.op} at {collective.source} "
                         f"does not sum into this {node.op}'s input")
@@ -817,7 +816,7 @@ class Verifier:
             upstream = (chain_lines(self.dist.graph, blamed) + cut_lines(self.dist.graph, blamed)
                         + self._misread_chains(node, inputs, blamed, relations))
             path += [loc for loc in upstream if loc not in path and loc != primary]
-        nearby = sent + list(dict.fromkeys(self.dist.graph[n].source for n in lowest))[:10]
+        nearby = list(dict.fromkeys(self.dist.graph[n].source for n in lowest))[:10]
         return Discrepancy(node.op, node.name, node.source.module, node.source, primary,
                            found=describe(found, self.labels),
                            expected="a relation to the ranks' tensors (Replicate, Shard or Partial)",
@@ -931,8 +930,8 @@ class Verifier:
             found=describe(term, self.labels), expected=f"{placement} of the rank outputs",
             hint=f"the output relates to the ranks as {describe(term, self.labels)}, not as "
                  f"{placement}: check the last collective before the output",
-            nearby=[self.dist.graph[n].source for n in rank_outputs[:1]],
-            path=[*carried, *(loc for loc in cuts if loc not in carried)])
+            path=list(dict.fromkeys([*carried, *cuts,
+                                     *(self.dist.graph[n].source for n in rank_outputs[:1])])))
 
     def _partial_carriers(self, output: str, relations: dict[str, Relation | None],
                           limit: int = 6) -> list[SourceLoc]:

@@ -1,0 +1,120 @@
+"""The lines that set the Python values (offsets, scales, groups) an op's line reads: the last
+assignment above the line and those later in a loop around it; attributes wherever the file
+assigns them; tensors, which the graph holds as nodes, are left out."""
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import scalify
+from scalify import Replicate, Shard
+from scalify.capture.ranks import fake_process_group
+from scalify.capture.value_sources import value_sources
+
+LINES = Path(__file__).read_text().splitlines()
+
+
+def _line(marker: str) -> str:
+    number = next(n for n, text in enumerate(LINES, 1) if text.endswith(f"# {marker}"))
+    return f"{__file__}:{number}"
+
+
+def _here(_: object) -> tuple[str, ...]:
+    return value_sources(sys._getframe(1))
+
+
+def _copy_back(buffer: torch.Tensor, sizes: list[int]) -> tuple[str, ...]:
+    offset = 0  # offset starts
+    for size in sizes:  # size set
+        read = _here(buffer[offset:offset + size])
+        offset += size  # offset moves
+    return read
+
+
+class _Scaled:
+    def __init__(self, heads: int) -> None:
+        self.scale = heads ** -0.5  # scale set
+        self.weight = torch.ones(2)  # a tensor
+
+    def forward(self, x: torch.Tensor) -> tuple[str, ...]:
+        return _here(x * self.weight * self.scale)
+
+
+def test_an_offset_names_its_assignments_that_reach_the_line():
+    assert _copy_back(torch.zeros(8), [3, 5]) == (_line("offset starts"), _line("size set"),
+                                                  _line("offset moves"))
+
+
+def test_an_attribute_names_where_the_file_assigns_it_and_a_tensor_is_left_out():
+    assert _Scaled(4).forward(torch.ones(2)) == (_line("scale set"),)
+
+
+class _Lazy:
+    @property
+    def size(self) -> int:
+        raise RuntimeError("not built yet")
+
+
+def test_a_property_that_raises_is_no_value_and_no_error():
+    lazy = _Lazy()
+    assert _here(lazy.size if False else 0) == ()
+
+
+def test_a_process_group_names_the_line_that_chose_it():
+    with fake_process_group(0, 2):
+        group = dist.new_group([0, 1])  # group chosen
+        tensor = torch.ones(2)  # a tensor too
+        assert _here(dist.all_reduce(tensor, group=group)) == (_line("group chosen"),)
+
+
+class TwoHeads(nn.Module):
+    def __init__(self, features: int = 8) -> None:
+        super().__init__()
+        self.a = nn.Linear(features, 5, bias=False)
+        self.b = nn.Linear(features, 5, bias=False)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.a(x), self.b(x)
+
+
+class BucketedTwoHeads(TwoHeads):
+    """Row-parallel heads whose partial sums are all-reduced in one aligned bucket; copying them
+    back, `skip_padding` forgets the alignment when it moves the offset on."""
+
+    def __init__(self, skip_padding: bool) -> None:
+        super().__init__(features=4)
+        self.skip_padding = skip_padding
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        parts = [part.contiguous() for part in super().forward(x)]
+        padded = [-(-part.numel() // 8) * 8 for part in parts]
+        bucket = torch.zeros(sum(padded), device=x.device)
+        offset = 0
+        for part, size in zip(parts, padded):
+            bucket[offset:offset + part.numel()].copy_(part.flatten())
+            offset += size
+        dist.all_reduce(bucket)
+        offset = 0
+        for part, size in zip(parts, padded):
+            part.copy_(bucket[offset:offset + part.numel()].view_as(part))
+            offset += part.numel() if self.skip_padding else size  # offset moved on
+        return tuple(parts)
+
+
+def _verify_bucketed(skip_padding: bool) -> scalify.Report:
+    return scalify.verify_modules(
+        reference=TwoHeads(), rank_module_factory=lambda rank: BucketedTwoHeads(
+            skip_padding).to("meta"), world_size=2,
+        example_inputs={"x": torch.randn(4, 8)}, input_placements={"x": Shard(1)},
+        param_placements={"a.weight": Shard(1), "b.weight": Shard(1)},
+        output_placements=[Replicate(), Replicate()])
+
+
+def test_a_bucket_copied_back_at_the_wrong_offset_names_the_line_that_moved_the_offset():
+    assert _verify_bucketed(skip_padding=False).verdict == "verified"
+    report = _verify_bucketed(skip_padding=True)
+    assert report.verdict == "discrepancy"
+    file, _, line = _line("offset moved on").rpartition(":")
+    assert (file, int(line)) in report.discrepancies[0].lines()

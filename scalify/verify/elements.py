@@ -47,7 +47,7 @@ _CONST_KEYS = re.compile(r'\(const "([0-9a-f]+)"\)')
 ELEMENT_LIMIT = 1 << 20  # elements numbered per tensor; larger ones are left to the e-graph
 BUDGET = 1 << 21  # elements numbered per query; past it rank tensors get fresh ids
 WORK_LIMIT = 1 << 20  # polynomial terms built per query; past it the query is not numbered
-DOT_LIMIT = 256  # a matmul contracting more is one id per row and column, not a polynomial
+DOT_LIMIT = 256  # monomials a matmul element may expand to; past it, one id per row and column
 CONSTANT_VALUES = 4096  # distinct values a constant may have to be numbered by its values
 DEPTH = 150  # definitions followed upstream from one query
 
@@ -224,9 +224,16 @@ class Origins:
         columns = self._rows(b.transpose(-1, -2)).unsqueeze(-2).expand(rows.shape)
         if a.shape[-1] > DOT_LIMIT or not self._expand_products:
             return self._numbered(("matmul",), [rows, columns])
-        return self._per_element(lambda pair: self._poly.dot(self._row_ids[pair[0]],
-                                                             self._row_ids[pair[1]]),
-                                 [rows, columns])
+        return self._per_element(self._dot, [rows, columns])
+
+    def _dot(self, pair: tuple[int, ...]) -> int:
+        """A matmul element: the polynomial sum of the row's and column's products while it is
+        at most DOT_LIMIT monomials, else one id for the pair. The choice depends on the
+        operands' ids alone, so an element is numbered alike wherever it is computed alike."""
+        xs, ys = self._row_ids[pair[0]], self._row_ids[pair[1]]
+        if self._poly.product_size(xs, ys) > DOT_LIMIT:
+            return self._poly.code(("matmul", *pair))
+        return self._poly.dot(xs, ys)
 
     def _rows(self, x: torch.Tensor) -> torch.Tensor:
         """One id per row (last dim) of `x`, equal for rows of equal ids."""

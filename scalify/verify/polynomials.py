@@ -122,6 +122,10 @@ class Polynomials:
                 self.work += 1
         return self.of_terms(total)
 
+    def product_size(self, xs: Iterable[int], ys: Iterable[int]) -> int:
+        """How many monomials sum(x * y) multiplies out before like terms combine."""
+        return sum(len(self.terms(x)) * len(self.terms(y)) for x, y in zip(xs, ys))
+
     def dot(self, xs: Iterable[int], ys: Iterable[int]) -> int:
         """The id of sum(x * y) over pairs (a matmul's element)."""
         total: dict[int, Number] = {}

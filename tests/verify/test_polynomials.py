@@ -119,3 +119,12 @@ def test_a_norm_squared_is_the_sum_of_squares_it_roots():
     difference = poly.elementwise("binary", ("sub",), (squares[0], squares[1]))
     root = poly.square_root(difference)  # may be negative: its square is not the difference
     assert poly.product(root, root) != difference
+
+
+def test_a_dot_products_size_counts_the_monomials_it_multiplies_out():
+    p = Polynomials()
+    first = p.fresh(3)
+    x, y, w = first, first + 1, first + 2
+    projected = p.dot([x, y], [w, w])  # two monomials
+    assert p.product_size([x, y], [w, w]) == 2
+    assert p.product_size([projected, projected], [x, y]) == 4

@@ -1,6 +1,7 @@
 """Captures every rank's program in this process, each inside its own fake process group."""
 from __future__ import annotations
 
+import gc
 import multiprocessing
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
@@ -98,7 +99,12 @@ def _fork(work: Callable[[list[int]], list[Graph]], ranks: list[int]) -> tuple[A
     receiver, sender = context.Pipe(duplex=False)
 
     def child() -> None:
-        torch.set_num_threads(1)  # OpenMP's pool does not survive fork: a parallel op would hang
+        # Thread pools do not survive fork: a parallel torch op (OpenMP) would wait on threads
+        # the child lacks, and so would dropping an egglog e-graph the parent left for the
+        # garbage collector (rayon); the child runs torch on one thread and never collects
+        # what it inherited.
+        torch.set_num_threads(1)
+        gc.freeze()
         try:
             sender.send(work(ranks))
         except BaseException as error:  # the parent re-raises it

@@ -23,17 +23,16 @@ _SCALARS = (int, float, bool, str, dist.ProcessGroup)
 def value_sources(frame: FrameType) -> tuple[str, ...]:
     """`file:line`s that assigned the non-tensor values read on `frame`'s current line."""
     filename, line = frame.f_code.co_filename, frame.f_lineno
-    tree = _module_tree(filename)
-    if tree is None:
+    if _module_tree(filename) is None:
         return ()
-    function = _enclosing_function(tree, line)
     found: set[int] = set()
-    for read in _reads_on_line(function or tree, line):
+    for read in _line_reads(filename, line)[1]:
         if isinstance(read, ast.Name) and _is_scalar(_local_or_global(frame, read.id)):
-            found.update(_name_definitions(tree, function, read.id, line, frame))
+            local = read.id in frame.f_code.co_varnames
+            found.update(_name_definitions(filename, line, read.id, local))
         elif (isinstance(read, ast.Attribute) and isinstance(read.value, ast.Name)
               and _is_scalar(_attribute(_local_or_global(frame, read.value.id), read.attr))):
-            found.update(_attribute_definitions(tree, read.attr))
+            found.update(_attribute_definitions(filename, read.attr))
     found.discard(line)
     return tuple(f"{filename}:{number}" for number in sorted(found))
 
@@ -71,23 +70,53 @@ def _module_tree(filename: str) -> ast.Module | None:
         return None
 
 
-def _enclosing_function(tree: ast.AST, line: int) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
-    """The innermost function whose body holds `line`."""
+Function = ast.FunctionDef | ast.AsyncFunctionDef
+
+
+def _line_reads(filename: str, line: int) -> tuple[Function | None, tuple[ast.expr, ...]]:
+    """The function holding `line` of `filename` and the names and attributes read there."""
     innermost = None
-    for node in ast.walk(tree):
-        if (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-                and node.lineno <= line <= (node.end_lineno or node.lineno)
-                and (innermost is None or node.lineno >= innermost.lineno)):
-            innermost = node
-    return innermost
+    for function in _functions(filename):  # outer functions first
+        if function.lineno <= line <= (function.end_lineno or function.lineno):
+            innermost = function
+    scope = innermost or _module_tree(filename)
+    return innermost, _reads_by_line(scope).get(line, ())
 
 
-def _reads_on_line(scope: ast.AST, line: int) -> list[ast.expr]:
-    """Names and `name.attr`s loaded on `line` (not the callees of calls)."""
-    callees = {id(node.func) for node in ast.walk(scope) if isinstance(node, ast.Call)}
-    return [node for node in ast.walk(scope)
-            if isinstance(node, (ast.Name, ast.Attribute)) and isinstance(node.ctx, ast.Load)
-            and node.lineno == line and id(node) not in callees]
+@lru_cache(maxsize=256)
+def _all_statements(filename: str) -> tuple[ast.stmt, ...]:
+    """Every statement of the file, in functions and classes too."""
+    found, pending = [], list(_module_tree(filename).body)
+    while pending:  # statements only: no expression holds one
+        statement = pending.pop()
+        found.append(statement)
+        for field in ("body", "orelse", "finalbody", "handlers"):
+            pending.extend(getattr(statement, field, []))
+    return tuple(found)
+
+
+@lru_cache(maxsize=256)
+def _functions(filename: str) -> tuple[Function, ...]:
+    """The file's functions, each after the functions that hold it."""
+    found = [statement for statement in _all_statements(filename)
+             if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    return tuple(sorted(found, key=lambda node: (node.lineno, -(node.end_lineno or 0))))
+
+
+_READS: dict[int, tuple[ast.AST, dict[int, tuple[ast.expr, ...]]]] = {}
+
+
+def _reads_by_line(scope: ast.AST) -> dict[int, tuple[ast.expr, ...]]:
+    """Names and `name.attr`s loaded in `scope`, by line (not the callees of calls)."""
+    if id(scope) not in _READS:  # (the scope is kept with its entry, so its id stays its own)
+        callees = {id(node.func) for node in ast.walk(scope) if isinstance(node, ast.Call)}
+        lines: dict[int, list[ast.expr]] = {}
+        for node in ast.walk(scope):
+            if (isinstance(node, (ast.Name, ast.Attribute)) and isinstance(node.ctx, ast.Load)
+                    and id(node) not in callees):
+                lines.setdefault(node.lineno, []).append(node)
+        _READS[id(scope)] = (scope, {line: tuple(reads) for line, reads in lines.items()})
+    return _READS[id(scope)][1]
 
 
 def _stores(scope: ast.AST, name: str) -> list[ast.AST]:
@@ -126,16 +155,19 @@ def _bound_names(statement: ast.stmt) -> set[str]:
             if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
 
 
-def _name_definitions(tree: ast.Module, function: ast.AST | None, name: str, line: int,
-                      frame: FrameType) -> list[int]:
-    if function is not None and name in frame.f_code.co_varnames:
-        return _reaching(function, name, line)
+@lru_cache(maxsize=1 << 14)
+def _name_definitions(filename: str, line: int, name: str, local: bool) -> tuple[int, ...]:
+    """Where `name`, read on `line`, was assigned: a local's reaching assignments, or a
+    global's assignments at module level and under `global` statements."""
+    tree, function = _module_tree(filename), _line_reads(filename, line)[0]
+    if function is not None and local:
+        return tuple(_reaching(function, name, line))
     lines = [statement.lineno for statement in _stores(tree, name)]
-    for scope in ast.walk(tree):
-        if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
-                isinstance(node, ast.Global) and name in node.names for node in ast.walk(scope)):
+    for scope in _functions(filename):
+        if any(isinstance(statement, ast.Global) and name in statement.names
+               for statement in _statements(scope)):
             lines.extend(statement.lineno for statement in _stores(scope, name))
-    return lines
+    return tuple(lines)
 
 
 def _reaching(function: ast.AST, name: str, line: int) -> list[int]:
@@ -152,14 +184,15 @@ def _reaching(function: ast.AST, name: str, line: int) -> list[int]:
     return found
 
 
-def _attribute_definitions(tree: ast.Module, attribute: str) -> list[int]:
+@lru_cache(maxsize=1 << 12)
+def _attribute_definitions(filename: str, attribute: str) -> tuple[int, ...]:
     """Every line of the file that assigns an attribute named `attribute`."""
     lines = []
-    for node in ast.walk(tree):
+    for node in _all_statements(filename):
         if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             if any(isinstance(part, ast.Attribute) and part.attr == attribute
                    and isinstance(part.ctx, ast.Store)
                    for target in targets for part in ast.walk(target)):
                 lines.append(node.lineno)
-    return lines
+    return tuple(lines)

@@ -12,6 +12,7 @@ import scalify
 from scalify import Replicate, Shard
 from scalify.capture.ranks import fake_process_group
 from scalify.capture.value_sources import value_sources
+from scalify.report.render import to_html
 
 LINES = Path(__file__).read_text().splitlines()
 
@@ -112,9 +113,12 @@ def _verify_bucketed(skip_padding: bool) -> scalify.Report:
         output_placements=[Replicate(), Replicate()])
 
 
-def test_a_bucket_copied_back_at_the_wrong_offset_names_the_line_that_moved_the_offset():
+def test_a_bucket_copied_back_at_the_wrong_offset_names_the_line_that_moved_the_offset(tmp_path):
     assert _verify_bucketed(skip_padding=False).verdict == "verified"
     report = _verify_bucketed(skip_padding=True)
     assert report.verdict == "discrepancy"
     file, _, line = _line("offset moved on").rpartition(":")
     assert (file, int(line)) in report.discrepancies[0].lines()
+    to_html(report, tmp_path / "report.html")
+    shown = (tmp_path / "report.html").read_text()
+    assert "values it reads set at" in shown and _line("offset moved on") in shown

@@ -40,6 +40,10 @@ from .dtensor import dtensor_layout, has_dtensor, local_tensor, sharding_propaga
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _CAPTURE_DIR = os.path.dirname(__file__)
+_PACKAGE_DIR = os.path.dirname(_CAPTURE_DIR)
+# The package's own subjects (parallel models verified like a user's): user code to the tracer.
+_SUBJECT_DIRS = tuple(os.path.join(_PACKAGE_DIR, name) + os.sep
+                      for name in ("parallel", "models", "jax_models"))
 # Decorators' wrappers (`typing_extensions.deprecated` wraps torch.distributed's old names):
 # their frames stand for the line that called them.
 _WRAPPERS = frozenset(module.__file__ for module in (contextlib, functools, typing_extensions))
@@ -133,10 +137,13 @@ def _outside_user_code(filename: str) -> bool:
 
 
 def _callers(frame: Any, count: int = 3) -> tuple[str, ...]:
-    """`file:line` of the next few user frames outward (helpers hide their call sites)."""
+    """`file:line` of the next few user frames outward (helpers hide their call sites), up to
+    the call from Scalify that ran the program."""
     found: list[str] = []
     while frame is not None and len(found) < count:
         filename = frame.f_code.co_filename
+        if filename.startswith(_PACKAGE_DIR + os.sep) and not filename.startswith(_SUBJECT_DIRS):
+            break
         if not (filename.startswith(_TORCH_DIR) or filename.startswith("<")
                 or filename in _WRAPPERS):
             found.append(f"{filename}:{frame.f_lineno}")

@@ -182,7 +182,9 @@ class _Pusher:
         if node.op == "concat" and node.dtype in FLOATS:
             values = [self.scaled[name] for name in node.inputs]
             dim = node.attr("dim") % len(node.shape)
-            if (len({value.factor for value in values}) < 2 and not any(v.parts for v in values)
+            factors = {value.factor for name, value in zip(node.inputs, values)
+                       if not self._is_zero(name)}  # (padding takes any factor)
+            if (len(factors) < 2 and not any(v.parts for v in values)
                     or any(value.parts and value.dim != dim for value in values)):
                 return None
             self.out.add(replace(node, inputs=tuple(value.core for value in values)))

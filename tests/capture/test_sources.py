@@ -19,3 +19,17 @@ def test_an_op_behind_a_deprecation_wrapper_names_the_calling_line():
     graph = capture(nn.Module(), lambda: old_softsign(x), {"x": x})
     (node, *_) = [n for n in graph if n.op != "placeholder"]
     assert (node.source.file, node.source.line) == (__file__, line)
+
+
+class _Tanh(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x)
+
+
+def test_callers_stop_at_the_call_from_scalify():
+    """A user's forward called by the capture names the test's line, never Scalify's own."""
+    x = torch.randn(3)
+    module = _Tanh()
+    graph = capture(module, lambda: module(x), {"x": x})
+    (node, *_) = [n for n in graph if n.op != "placeholder"]
+    assert node.source.callers and all(__file__ in caller for caller in node.source.callers)

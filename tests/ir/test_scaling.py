@@ -145,6 +145,27 @@ def test_each_part_of_a_bucket_keeps_its_factor() -> None:
         assert bucket.inputs == ("w", "b")  # (no factor inside the bucket)
 
 
+def _padded_bucket() -> Graph:
+    """ZeRO's flat bucket: a gradient and zero padding end to end, reduced in two partitions
+    that cut across the gradient, joined again and the gradient taken back."""
+    b = GraphBuilder()
+    weight = b.emit("mul_scalar", [b.emit_placeholder("w", "input", (5,), "float32")], value=0.5)
+    pad = b.emit("slice", [b.emit("full", [], shape=(8,), value=0.0, dtype="float32")], dim=0,
+                 start=0, end=3)
+    bucket = b.concat([weight, pad], 0)
+    halves = [b.emit("all_reduce", [b.emit("slice", [bucket], dim=0, start=start, end=start + 4)],
+                     reduce="sum", group=(0, 1)) for start in (0, 4)]
+    b.graph.outputs = [b.emit("slice", [b.concat(halves, 0)], dim=0, start=0, end=5).name]
+    return b.graph
+
+
+def test_a_bucket_padded_with_zeros_and_cut_across_its_parts_carries_their_factor() -> None:
+    for graph in pushed_scales([_padded_bucket(), _padded_bucket()]):
+        out = _output(graph)
+        assert (out.op, out.attr("value")) == ("mul_scalar", 0.5)
+        assert [node.name for node in graph if node.op == "mul_scalar"] == [out.name]
+
+
 def test_a_uniform_constant_is_ones_times_its_value() -> None:
     b = GraphBuilder()
     x = b.emit_placeholder("x", "input", (2, 3), "float32")

@@ -5,7 +5,8 @@ them; a report that names only the op's line misses a bug in the arithmetic that
 Read from the source (one step back, not through calls): for a local name, the assignments that
 can reach the line (the last one above it, and those later in a loop around it); for a global,
 its module-level assignments and those under `global`; for `obj.attr`, every assignment to an
-attribute of that name in the file."""
+attribute of that name in the file. The tests of the `if`s and `while`s around the line count too:
+they decided that it runs (a parameter counted on the wrong ranks is a wrong condition)."""
 from __future__ import annotations
 
 import ast
@@ -33,6 +34,7 @@ def value_sources(frame: FrameType) -> tuple[str, ...]:
         elif (isinstance(read, ast.Attribute) and isinstance(read.value, ast.Name)
               and _is_scalar(_attribute(_local_or_global(frame, read.value.id), read.attr))):
             found.update(_attribute_definitions(filename, read.attr))
+    found.update(_governing_conditions(filename, line))
     found.discard(line)
     return tuple(f"{filename}:{number}" for number in sorted(found))
 
@@ -182,6 +184,18 @@ def _reaching(function: ast.AST, name: str, line: int) -> list[int]:
             found.extend(statement.lineno for statement in stores
                          if line < statement.lineno <= (loop.end_lineno or loop.lineno))
     return found
+
+
+@lru_cache(maxsize=1 << 14)
+def _governing_conditions(filename: str, line: int) -> tuple[int, ...]:
+    """The lines of the `if` and `while` tests, in the function holding `line`, whose branches
+    hold it."""
+    function = _line_reads(filename, line)[0]
+    scope = function or _module_tree(filename)
+    return tuple(statement.test.lineno for statement in _statements(scope)
+                 if isinstance(statement, (ast.If, ast.While))
+                 and (statement.test.end_lineno or statement.test.lineno) < line
+                 <= (statement.end_lineno or statement.lineno))
 
 
 @lru_cache(maxsize=1 << 12)

@@ -46,6 +46,7 @@ class Polynomials:
         self._terms: dict[int, Terms] = {}  # a polynomial id (not a lone atom) -> its terms
         self._factors: dict[int, tuple[int, ...]] = {}  # a monomial id (not an atom) -> factors
         self._roots: dict[int, int] = {}  # the square root of a sum of squares -> that sum
+        self._nonnegative: set[int] = set()  # squares and positive sums of them
         self._products: dict[tuple[int, int], int] = {}
         self._next = 0
         self.work = 0
@@ -91,19 +92,26 @@ class Polynomials:
     def linear(self, pairs: Iterable[tuple[Number, int]]) -> int:
         """The id of sum(coefficient * value)."""
         total: dict[int, Number] = {}
+        nonnegative = True
         for coefficient, value in pairs:
+            nonnegative = nonnegative and coefficient > 0 and value in self._nonnegative
             for monomial, c in self.terms(value):
                 total[monomial] = total.get(monomial, 0) + coefficient * c
                 self.work += 1
         if self.work > self.limit:
             raise OverBudget
-        return self.of_terms(total)
+        value = self.of_terms(total)
+        if nonnegative and total:
+            self._nonnegative.add(value)
+        return value
 
     def product(self, x: int, y: int) -> int:
         """The id of x * y: expanded while small, else one monomial of the normalized factors."""
         key = (x, y) if x <= y else (y, x)
         if key not in self._products:
             self._products[key] = self._product(x, y)
+            if x == y:
+                self._nonnegative.add(self._products[key])
         return self._products[key]
 
     def _product(self, x: int, y: int) -> int:
@@ -169,11 +177,15 @@ class Polynomials:
         return None
 
     def square_root(self, x: int) -> int:
-        """The id of sqrt(x); its square is x where x is a sum of squares (never negative)."""
+        """The id of sqrt(x); its square is x where x is never negative: a square, a sum of
+        squares with positive coefficients (however its products were multiplied out), or a
+        polynomial whose monomials are all squares with positive coefficients."""
         root = self.code(("sqrt", x))
-        if all(c > 0 and all(self._of(m).count(f) % 2 == 0 for f in set(self._of(m)))
-               for m, c in self.terms(x)):
+        if x in self._nonnegative or all(
+                c > 0 and all(self._of(m).count(f) % 2 == 0 for f in set(self._of(m)))
+                for m, c in self.terms(x)):
             self._roots[root] = x
+            self._nonnegative.add(root)
         return root
 
     def _normalized(self, terms: Terms) -> tuple[Number, int]:

@@ -407,7 +407,8 @@ class Verifier:
         followed = self._follow(node, inputs, searched, relations)
         if followed is not None:
             return self._brought_back(followed, runs, result)
-        fused = max((r.fused for r in runs), default=0) + 1
+        # (data movement adds no op to the run: the ranks may hold the values it gathers)
+        fused = max((r.fused for r in runs), default=0) + (OPS[node.op].trait != MOVEMENT)
         opaque = self.dist_opaque.intersection(narrowest or window)
         allowed = self.options.fused_ops
         if allowed and fused <= allowed and not opaque:  # perhaps the ranks compute it fused

@@ -52,6 +52,20 @@ def test_an_attribute_names_where_the_file_assigns_it_and_a_tensor_is_left_out()
     assert _Scaled(4).forward(torch.ones(2)) == (_line("scale set"),)
 
 
+def _counted(tensors: list[torch.Tensor], rank: int) -> tuple[str, ...]:
+    total, read = torch.zeros(()), ()
+    for index, tensor in enumerate(tensors):
+        if index > 0 or rank == 0:  # counted where
+            while total.numel() > 1:  # a loop that ends above the line
+                total = total.sum()
+            read = _here(total + tensor.sum())
+    return read
+
+
+def test_the_conditions_around_a_line_are_named_as_deciding_that_it_runs():
+    assert _counted([torch.ones(2)], 0) == (_line("counted where"),)
+
+
 class _Lazy:
     @property
     def size(self) -> int:

@@ -1,0 +1,76 @@
+"""Gradient clipping over tensor parallelism, the way Megatron computes the norm: each rank sums
+the squared norms of its gradients, counting a parameter every rank holds whole on rank 0 only,
+and the sums are all-reduced. The reference takes the norm of the norms (PyTorch's clip). The
+ranks' squared norms are squares of square roots of sums of squares, and the reference's norms
+are gathered by data movement before they are squared again: both must be seen through."""
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import scalify
+
+LINES = Path(__file__).read_text().splitlines()
+COUNTED_WHERE = next(n for n, text in enumerate(LINES, 1) if text.endswith("# counted where"))
+
+WORLD, HIDDEN, FFN, TOKENS, MAX_NORM = 2, 4, 8, 3, 0.05
+
+
+class Block(nn.Module):
+    """LayerNorm (every rank holds it whole), then a column-parallel linear on the ranks."""
+
+    def __init__(self, rank: int | None = None, duplicates_on_every_rank: bool = False) -> None:
+        super().__init__()
+        self.rank = rank
+        self.duplicates_on_every_rank = duplicates_on_every_rank
+        self.norm = nn.LayerNorm(HIDDEN)
+        self.fc = nn.Linear(HIDDEN, FFN if rank is None else FFN // WORLD)
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        params = list(self.parameters())
+        out = self.fc(self.norm(x))
+        loss = ((out - target) ** 2).sum()
+        grads = torch.autograd.grad(loss, params)
+        if self.rank is not None:  # the LayerNorm's gradients and the loss are partial sums
+            loss = loss.detach().clone()
+            for value in (loss, *grads[:2]):
+                dist.all_reduce(value)
+        if self.rank is None:
+            total = torch.stack([g.norm() for g in grads]).norm()
+        else:
+            norms = torch.zeros(())
+            for param, grad in zip(params, grads):
+                sharded = param is self.fc.weight or param is self.fc.bias
+                if sharded or self.rank == 0 or self.duplicates_on_every_rank:  # counted where
+                    norms = norms + grad.norm() ** 2
+            dist.all_reduce(norms)
+            total = norms.sqrt()
+        coefficient = torch.clamp(MAX_NORM / (total + 1e-6), max=1.0)
+        return (loss, *[g * coefficient for g in grads])
+
+
+def _verify(duplicates_on_every_rank: bool) -> scalify.Report:
+    torch.manual_seed(0)
+    return scalify.verify_modules(
+        reference=Block(),
+        rank_module_factory=lambda rank: Block(rank, duplicates_on_every_rank), world_size=WORLD,
+        example_inputs={"x": torch.randn(TOKENS, HIDDEN), "target": torch.randn(TOKENS, FFN)},
+        param_placements={"fc.weight": scalify.Shard(0), "fc.bias": scalify.Shard(0)},
+        input_placements={"target": scalify.Shard(1)},
+        output_placements=[scalify.Replicate(), scalify.Replicate(), scalify.Replicate(),
+                           scalify.Shard(0), scalify.Shard(0)],
+        grad=True, numeric=True)
+
+
+def test_a_norm_counting_whole_parameters_on_rank_zero_only_verifies():
+    report = _verify(duplicates_on_every_rank=False)
+    assert report.verdict == "verified", report.discrepancies[:1]
+    assert report.numeric["agrees"]
+
+
+def test_a_norm_counting_whole_parameters_on_every_rank_is_caught():
+    report = _verify(duplicates_on_every_rank=True)
+    assert report.verdict == "discrepancy"
+    assert not report.numeric["agrees"]
+    assert (__file__, COUNTED_WHERE) in report.discrepancies[0].lines()

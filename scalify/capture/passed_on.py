@@ -30,9 +30,11 @@ KEPT = 4  # lines kept per node, innermost first: the value's first hands
 class PassedOn:
     """`file:line`s per node name, recorded during capture and written into the nodes' sources."""
 
-    def __init__(self, graph: Graph, is_user_code: Callable[[str], bool]) -> None:
+    def __init__(self, graph: Graph, is_user_code: Callable[[str], bool],
+                 runs_the_program: Callable[[str], bool]) -> None:
         self._graph = graph  # the graph being captured, whose nodes the lines are recorded for
         self._is_user_code = is_user_code
+        self._runs_the_program = runs_the_program  # files whose frames no call site lies beyond
         self._user_code: dict[CodeType, bool] = {}
         self._stores: dict[CodeType, dict[str, list[int]]] = {}
         self.lines: dict[str, list[str]] = {}
@@ -111,9 +113,10 @@ class PassedOn:
 
     def _call_site(self, frame: FrameType | None) -> str:
         """The innermost user line that called into `frame`'s callee ('' when the autograd
-        engine did: a backward's caller is no line of the program)."""
+        engine or the code that runs the program did: no line of the program called it)."""
         while frame is not None:
-            if frame.f_code.co_name == "_engine_run_backward":
+            if (frame.f_code.co_name == "_engine_run_backward"
+                    or self._runs_the_program(frame.f_code.co_filename)):
                 return ""
             if self._is_user_code(frame.f_code.co_filename):
                 return f"{frame.f_code.co_filename}:{frame.f_lineno}"

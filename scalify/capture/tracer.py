@@ -111,9 +111,10 @@ class SourceTracker:
             return SourceLoc(module=module), in_engine
         key = (frame.f_code, frame.f_lineno)
         if key not in self._lines:
-            self._lines[key] = (frame.f_code.co_filename, frame.f_lineno,
-                                linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip(),
-                                value_sources(frame))
+            filename = frame.f_code.co_filename
+            self._lines[key] = (filename, frame.f_lineno,
+                                linecache.getline(filename, frame.f_lineno).strip(),
+                                () if _scalify_own(filename) else value_sources(frame))
         filename, line, code, values_from = self._lines[key]
         return SourceLoc(filename, line, code, module, _callers(frame.f_back),
                          values_from=values_from), in_engine
@@ -136,13 +137,19 @@ def _outside_user_code(filename: str) -> bool:
             or filename.startswith("<") or filename in _WRAPPERS)
 
 
+def _scalify_own(filename: str) -> bool:
+    """Scalify's own code outside capture (its API, its training-step helpers): the line an op
+    is charged to may be there, but no user value or caller is (its subjects are user code)."""
+    return filename.startswith(_PACKAGE_DIR + os.sep) and not filename.startswith(_SUBJECT_DIRS)
+
+
 def _callers(frame: Any, count: int = 3) -> tuple[str, ...]:
     """`file:line` of the next few user frames outward (helpers hide their call sites), up to
     the call from Scalify that ran the program."""
     found: list[str] = []
     while frame is not None and len(found) < count:
         filename = frame.f_code.co_filename
-        if filename.startswith(_PACKAGE_DIR + os.sep) and not filename.startswith(_SUBJECT_DIRS):
+        if _scalify_own(filename):
             break
         if not (filename.startswith(_TORCH_DIR) or filename.startswith("<")
                 or filename in _WRAPPERS):
@@ -160,7 +167,8 @@ class _Recorder(TorchDispatchMode):
         self.builder = builder
         self.sources = sources
         self.group_ranks = group_ranks
-        self.passed_on = PassedOn(builder.graph, lambda filename: not _outside_user_code(filename))
+        self.passed_on = PassedOn(builder.graph, lambda filename: not (
+            _outside_user_code(filename) or _scalify_own(filename)), _scalify_own)
         # id -> (tensor, its node, when it was bound): a view read after its base was bound
         # again (written in place, or through another view) is derived from the base again
         self.refs: dict[int, tuple[torch.Tensor, Ref, int]] = {}

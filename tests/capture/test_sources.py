@@ -33,3 +33,21 @@ def test_callers_stop_at_the_call_from_scalify():
     graph = capture(module, lambda: module(x), {"x": x})
     (node, *_) = [n for n in graph if n.op != "placeholder"]
     assert node.source.callers and all(__file__ in caller for caller in node.source.callers)
+
+
+class _TanhReturned(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.tanh(x)
+        return y
+
+
+def test_lines_that_passed_a_value_on_stop_at_the_call_from_scalify():
+    """A value returned to Scalify's API names the user's return, not the API's lines nor the
+    script that called the API."""
+    from scalify.api import capture_modules
+
+    reference, _ = capture_modules(_TanhReturned(), lambda rank: _TanhReturned(), 1,
+                                   {"x": torch.randn(3)}, {})
+    places = [place for node in reference
+              for place in (*node.source.passed_at, *node.source.values_from, *node.source.callers)]
+    assert places and all(place.startswith(__file__) for place in places), places

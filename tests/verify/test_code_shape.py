@@ -69,11 +69,11 @@ class RankMLP(MLP):
         raise ValueError(s)
 
 
-def _verify(spelling: str):
+def _verify(spelling: str, batch: int = BATCH):
     torch.manual_seed(0)
     return scalify.verify_modules(
         reference=MLP(), rank_module_factory=lambda rank: RankMLP(spelling), world_size=WORLD,
-        example_inputs={"x": torch.randn(BATCH, SEQ, HIDDEN)},
+        example_inputs={"x": torch.randn(batch, SEQ, HIDDEN)},
         param_placements={"up.weight": scalify.Shard(0), "up.bias": scalify.Shard(0),
                           "down.weight": scalify.Shard(1)},
         output_placements=[scalify.Replicate()], numeric=True)
@@ -85,6 +85,13 @@ def _verify(spelling: str):
 def test_the_same_math_written_another_way_verifies(spelling):
     report = _verify(spelling)
     assert report.numeric["agrees"]
+    assert report.verified, report.discrepancies[0] if report.discrepancies else report.unknown
+
+
+@pytest.mark.parametrize("spelling", ["bias_after_reduce", "seq_first"])
+def test_a_micro_batch_of_one_verifies(spelling):
+    """A unit batch dim: the reference adds its bias to squeezed rows, the ranks to [s, 1, h]."""
+    report = _verify(spelling, batch=1)
     assert report.verified, report.discrepancies[0] if report.discrepancies else report.unknown
 
 
@@ -114,6 +121,6 @@ class SeqFirstNorm(Norm):
 def test_a_norm_weight_broadcast_over_transposed_rows_verifies():
     report = scalify.verify_modules(
         reference=Norm(), rank_module_factory=lambda rank: SeqFirstNorm(), world_size=WORLD,
-        example_inputs={"x": torch.randn(BATCH, SEQ, HIDDEN)},
+        example_inputs={"x": torch.randn(batch, SEQ, HIDDEN)},
         output_placements=[scalify.Replicate()], numeric=True)
     assert report.verified and report.numeric["agrees"]

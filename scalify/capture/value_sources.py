@@ -81,8 +81,7 @@ def _line_reads(filename: str, line: int) -> tuple[Function | None, tuple[ast.ex
     for function in _functions(filename):  # outer functions first
         if function.lineno <= line <= (function.end_lineno or function.lineno):
             innermost = function
-    scope = innermost or _module_tree(filename)
-    return innermost, _reads_by_line(scope).get(line, ())
+    return innermost, _reads_by_line(filename, innermost.lineno if innermost else 0).get(line, ())
 
 
 @lru_cache(maxsize=256)
@@ -92,9 +91,15 @@ def _all_statements(filename: str) -> tuple[ast.stmt, ...]:
     while pending:  # statements only: no expression holds one
         statement = pending.pop()
         found.append(statement)
-        for field in ("body", "orelse", "finalbody", "handlers"):
-            pending.extend(getattr(statement, field, []))
+        pending.extend(_nested(statement))
     return tuple(found)
+
+
+def _nested(statement: ast.stmt) -> list[ast.stmt]:
+    """The statements directly inside `statement` (its blocks, handlers and match cases)."""
+    inner = [s for field in ("body", "orelse", "finalbody", "handlers")
+             for s in getattr(statement, field, [])]
+    return inner + [s for case in getattr(statement, "cases", []) for s in case.body]
 
 
 @lru_cache(maxsize=256)
@@ -105,20 +110,19 @@ def _functions(filename: str) -> tuple[Function, ...]:
     return tuple(sorted(found, key=lambda node: (node.lineno, -(node.end_lineno or 0))))
 
 
-_READS: dict[int, tuple[ast.AST, dict[int, tuple[ast.expr, ...]]]] = {}
-
-
-def _reads_by_line(scope: ast.AST) -> dict[int, tuple[ast.expr, ...]]:
-    """Names and `name.attr`s loaded in `scope`, by line (not the callees of calls)."""
-    if id(scope) not in _READS:  # (the scope is kept with its entry, so its id stays its own)
-        callees = {id(node.func) for node in ast.walk(scope) if isinstance(node, ast.Call)}
-        lines: dict[int, list[ast.expr]] = {}
-        for node in ast.walk(scope):
-            if (isinstance(node, (ast.Name, ast.Attribute)) and isinstance(node.ctx, ast.Load)
-                    and id(node) not in callees):
-                lines.setdefault(node.lineno, []).append(node)
-        _READS[id(scope)] = (scope, {line: tuple(reads) for line, reads in lines.items()})
-    return _READS[id(scope)][1]
+@lru_cache(maxsize=1 << 10)
+def _reads_by_line(filename: str, function_line: int) -> dict[int, tuple[ast.expr, ...]]:
+    """Names and `name.attr`s loaded by line (not the callees of calls) in the function of
+    `filename` defined at `function_line` (0: the module)."""
+    scope = next((f for f in _functions(filename) if f.lineno == function_line),
+                 _module_tree(filename))
+    callees = {id(node.func) for node in ast.walk(scope) if isinstance(node, ast.Call)}
+    lines: dict[int, list[ast.expr]] = {}
+    for node in ast.walk(scope):
+        if (isinstance(node, (ast.Name, ast.Attribute)) and isinstance(node.ctx, ast.Load)
+                and id(node) not in callees):
+            lines.setdefault(node.lineno, []).append(node)
+    return {line: tuple(reads) for line, reads in lines.items()}
 
 
 def _stores(scope: ast.AST, name: str) -> list[ast.AST]:
@@ -139,8 +143,7 @@ def _statements(scope: ast.AST) -> list[ast.stmt]:
         body.append(statement)
         if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             continue
-        for field in ("body", "orelse", "finalbody", "handlers"):
-            pending.extend(getattr(statement, field, []))
+        pending.extend(_nested(statement))
     return body
 
 

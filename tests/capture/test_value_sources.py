@@ -66,6 +66,19 @@ def test_the_conditions_around_a_line_are_named_as_deciding_that_it_runs():
     assert _counted([torch.ones(2)], 0) == (_line("counted where"),)
 
 
+def _matched(kind: str, x: torch.Tensor) -> tuple[str, ...]:
+    match kind:
+        case "half":
+            scale = 0.5
+        case _:
+            scale = 1.0  # scale in the last case
+    return _here(x * scale)
+
+
+def test_an_assignment_in_a_match_case_is_found():
+    assert _matched("half", torch.ones(2)) == (_line("scale in the last case"),)
+
+
 class _Lazy:
     @property
     def size(self) -> int:

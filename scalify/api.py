@@ -207,11 +207,12 @@ def verify_graphs(ref_graph: Graph, rank_graphs: list[Graph], placements: dict[s
     executor = executor or InlineExecutor()
     attempt.run(executor, options, placements, outputs, progress, "verify")
     first = attempt.result.discrepancies[:1]
-    if first and _at_scaling(ref_graph, first[0].ref_node):
+    origin = first and attempt.result.run_origins.get(first[0].ref_node)
+    if first and any(_at_scaling(ref_graph, name) for name in (first[0].ref_node, origin) if name):
         # The same math may scale at other places on the ranks (a mean per rank, then a sum
         # over ranks; a query and a key scaled before their product, its scores after): when
-        # the first discrepancy is at a scaling, or at the value one reads, a second attempt
-        # with every scalar factor moved to where it matters.
+        # the first discrepancy is at a scaling, or at the value one reads (or in a run of ops
+        # begun there), a second attempt with every scalar factor moved to where it matters.
         scaled_ref, *scaled_ranks = pushed_scales([ref_graph]) + pushed_scales(rank_graphs)
         if any(map(_rewritten, [ref_graph, *rank_graphs], [scaled_ref, *scaled_ranks])):
             moved = _Attempt.of(scaled_ref, scaled_ranks, placements, options, False, moved=True)

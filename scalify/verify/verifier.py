@@ -103,6 +103,9 @@ class Verification:
     relations: dict[str, Relation | None] = field(default_factory=dict)
     # The discrepancy to report for each open run of fused ops, by the op that began it.
     deferred: dict[str, Discrepancy] = field(default_factory=dict)
+    # A run's branch reported at its own op (another branch was brought back): the op that
+    # began the run, by the reported op.
+    run_origins: dict[str, str] = field(default_factory=dict)
     unknown: list[str] = field(default_factory=list)  # ops whose window hit its limits, and why
     unchecked: int = 0  # ops left unproved because the deadline passed
     # A window read rank ops of other regions (a fused run's): the segment's relations hold
@@ -112,6 +115,7 @@ class Verification:
     def absorb(self, outcome: Verification) -> None:
         """Add one segment's findings and counts (its relations are merged by the caller)."""
         self.discrepancies += outcome.discrepancies
+        self.run_origins.update(outcome.run_origins)
         self.unknown += outcome.unknown
         self.windows += outcome.windows
         self.blocked += outcome.blocked
@@ -247,6 +251,7 @@ class Verifier:
                 found=describe(parse(relation.term), self.labels) if relation else "",
                 expected="a relation to the ranks' tensors (Replicate, Shard or Partial)",
                 hint="no rank tensor holds this value, and no later op brings it back")
+            result.run_origins[node.name] = origin
         result.discrepancies.append(found)
 
     # Inputs.

@@ -28,7 +28,7 @@ from .ir.distributed import merge_ranks
 from .ir.graph import Graph
 from .ir.ops import MOVEMENT, OPS
 from .ir.scaling import pushed_scales, scaling_nodes
-from .ir.simplify import simplified, without_zero_shifts
+from .ir.simplify import simplified, simplified_ranks, without_zero_shifts
 from .ir.symmetry import symbolic_program
 from .placements import Custom, Placement, Replicate, Shard
 from .report.model import Report
@@ -198,7 +198,7 @@ def verify_graphs(ref_graph: Graph, rank_graphs: list[Graph], placements: dict[s
     assumed = {name: ValueRange(*bounds) for name, bounds in (assume or {}).items()}
     written_ref, written_ranks = ref_graph, rank_graphs
     ref_graph = without_zero_shifts(simplified(assuming([ref_graph], assumed)[0]))
-    rank_graphs = [simplified(graph) for graph in assuming(rank_graphs, assumed)]
+    rank_graphs = simplified_ranks(assuming(rank_graphs, assumed))
     options = options or VerifyOptions()
     # (the numbers run on the programs as written: merged here only when nothing was assumed)
     attempt = _Attempt.of(ref_graph, rank_graphs, placements, options, numeric and not assumed)

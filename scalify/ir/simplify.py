@@ -21,12 +21,40 @@ _DISTINCT_TRAITS = frozenset({PLACEHOLDER, RANDOM, COLLECTIVE, POINT_TO_POINT})
 _DISTINCT_OPS = frozenset({"opaque"})
 
 
-def simplified(graph: Graph) -> Graph:
+def simplified(graph: Graph, non_negative_sums: frozenset[str] = frozenset()) -> Graph:
     """The graph without transpose round trips, root-then-power round trips, powers of 1,
     additions of zero fills and repeated applications, its attention masks as fills
-    (`masks.py`)."""
+    (`masks.py`). `non_negative_sums` names the all-reduces whose inputs are non-negative on
+    every rank (`simplified_ranks`)."""
     return without_repeats(masks_as_fills(without_zero_fills(without_unit_powers(
-        without_root_powers(without_double_transposes(graph))))))
+        without_root_powers(without_double_transposes(graph), non_negative_sums)))))
+
+
+def simplified_ranks(graphs: list[Graph]) -> list[Graph]:
+    """Every rank's graph simplified, where an all-reduce (a sum or max) counts as non-negative
+    when the value each rank gives it is (the ranks' all-reduces matched in program order per
+    group, as the ranks run them): a norm reduced over ranks and then squared is the sum."""
+    keys = [_reduction_keys(graph) for graph in graphs]
+    everywhere = set.intersection(*({key for name, key in named.items()
+                                     if _non_negative(graph, graph[name].inputs[0])}
+                                    for graph, named in zip(graphs, keys))) if graphs else set()
+    return [simplified(graph, frozenset(name for name, key in named.items() if key in everywhere))
+            for graph, named in zip(graphs, keys)]
+
+
+def _reduction_keys(graph: Graph) -> dict[str, tuple]:
+    """Each sum or max all-reduce of `graph` by (group, its place among the group's
+    collectives)."""
+    counts: dict[object, int] = {}
+    keys = {}
+    for node in graph:
+        if OPS[node.op].trait != COLLECTIVE:
+            continue
+        group = node.attr("group")
+        counts[group] = counts.get(group, 0) + 1
+        if node.op == "all_reduce" and node.attr("reduce") in ("sum", "max"):
+            keys[node.name] = (group, counts[group])
+    return keys
 
 
 def _dims(node: Node) -> frozenset[int]:
@@ -128,22 +156,60 @@ def _as_is(node: Node, candidates: list[str], graph: Graph) -> str | None:
 
 
 _NON_NEGATIVE_KEEPING = frozenset({"sum", "squeeze", "unsqueeze", "expand", "merge", "split",
-                                   "transpose", "add"})
+                                   "transpose", "add", "concat"})
 
 
-def without_root_powers(graph: Graph) -> Graph:
+# Scalings that keep a root non-negative (so its power is the power of the factor times its
+# base), by whether the factor qualifies.
+_SCALINGS = {"mul_scalar": lambda factor: factor >= 0, "div_scalar": lambda factor: factor > 0}
+_MOVES_ELEMENTS = frozenset({"concat", "unsqueeze", "squeeze", "merge", "split", "transpose",
+                             "expand", "slice"})
+
+
+def without_root_powers(graph: Graph, non_negative_sums: frozenset[str] = frozenset()) -> Graph:
     """The graph with every `(x ** (1/p)) ** p` of a non-negative x replaced by x: a sum of
-    squares raised to 0.5 and squared again is that sum."""
-    return with_aliases(graph, _root_power_base)
+    squares raised to 0.5 and squared again is that sum. Roots gathered by data movement and
+    scaled by non-negative factors, then raised (PyTorch's norm of the stacked norms, DTensor's
+    share of a replicated norm), are their bases moved and scaled alike."""
+    return with_aliases(graph, lambda node, kept: _root_power_base(node, kept, non_negative_sums))
 
 
-def _root_power_base(node: Node, graph: Graph) -> str | None:
-    inner = graph[node.inputs[0]] if node.op == "pow_scalar" else None
-    if (inner is not None and inner.op == "pow_scalar"
-            and _reciprocal(inner.attr("value"), node.attr("value"))
-            and _non_negative(graph, inner.inputs[0]) and graph[inner.inputs[0]].shape == node.shape):
-        return inner.inputs[0]
-    return None
+def _root_power_base(node: Node, graph: Graph, sums: frozenset[str]) -> str | None:
+    """The value `node` equals if it raises roots of its power back, adding to `graph` the
+    movement of the roots' bases where the roots were moved."""
+    if node.op != "pow_scalar" or not _moved_roots(graph, node.inputs[0], node.attr("value"), sums):
+        return None
+    return _bases(graph, node.inputs[0], node.attr("value"))
+
+
+def _moved_roots(graph: Graph, name: str, power: object, sums: frozenset[str]) -> bool:
+    """Whether every element of node `name` is a root of order `power` of a non-negative value,
+    taken by data movement and scaled by non-negative factors."""
+    node = graph[name]
+    if node.op == "pow_scalar":
+        return _reciprocal(node.attr("value"), power) and _non_negative(graph, node.inputs[0],
+                                                                        sums)
+    if node.op in _SCALINGS:
+        factor = node.attr("value")
+        return (isinstance(factor, (int, float)) and _SCALINGS[node.op](factor)
+                and _moved_roots(graph, node.inputs[0], power, sums))
+    return node.op in _MOVES_ELEMENTS and bool(node.inputs) and all(
+        _moved_roots(graph, i, power, sums) for i in node.inputs)
+
+
+def _bases(graph: Graph, name: str, power: float) -> str:
+    """The node holding the roots' bases where `name` holds the roots (new movement and scaling
+    nodes are added to `graph`, once each)."""
+    node = graph[name]
+    if node.op == "pow_scalar":
+        return node.inputs[0]
+    moved = f"{name}.bases"
+    if moved not in graph:
+        inputs = tuple(_bases(graph, i, power) for i in node.inputs)
+        attrs = (("value", node.attr("value") ** power),) if node.op in _SCALINGS else node.attrs
+        graph.add(replace(node, name=moved, inputs=inputs, attrs=attrs,
+                          dtype=graph[inputs[0]].dtype))
+    return moved
 
 
 def _reciprocal(root: object, power: object) -> bool:
@@ -151,14 +217,16 @@ def _reciprocal(root: object, power: object) -> bool:
         abs(root * power - 1) < 1e-12)
 
 
-def _non_negative(graph: Graph, name: str) -> bool:
+def _non_negative(graph: Graph, name: str, sums: frozenset[str] = frozenset()) -> bool:
     """Whether node `name` is non-negative by construction: an even power or an absolute value,
-    moved, summed or added."""
+    moved, summed or added (over ranks too: `sums` names such all-reduces)."""
     node = graph[name]
     if node.op == "abs" or node.op == "pow_scalar" and node.attr("value") in (2, 2.0, 4, 4.0):
         return True
+    if name in sums:
+        return True
     return node.op in _NON_NEGATIVE_KEEPING and bool(node.inputs) and all(
-        _non_negative(graph, i) for i in node.inputs)
+        _non_negative(graph, i, sums) for i in node.inputs)
 
 
 def with_aliases(graph: Graph, equal_earlier: Callable[[Node, Graph], str | None]) -> Graph:

@@ -321,14 +321,6 @@ def rules() -> list[Rule]:
              lambda gen, c: {"u": tensor(gen, 1, 1, 3), "d": 0, "e": 1, "m": 2, "n": 4},
              when=("(< d e)", "(= (dimsize u d) 1)", "(= (dimsize u e) 1)"),
              trigger="(expand (expand u d m) e n)"),
-        # A broadcast of a unit dim added elsewhere is the unit dim added to the broadcast (a
-        # bias broadcast over Megatron's [s, 1, h] beside one over the [s, h] it was added in).
-        Rule("expand-over-unsqueeze-after", "(expand (unsqueeze x k) d n)",
-             "(unsqueeze (expand x d n) k)",
-             lambda gen, c: {"x": tensor(gen, 1, 3), "k": 2, "d": 0, "n": 4}, when=("(< d k)",)),
-        Rule("expand-over-unsqueeze-before", "(expand (unsqueeze x k) d n)",
-             "(unsqueeze (expand x (- d 1) n) k)",
-             lambda gen, c: {"x": tensor(gen, 3, 1), "k": 0, "d": 2, "n": 4}, when=("(> d k)",)),
         Rule("expand-to-one", "(expand x d 1)", "x",
              lambda gen, c: {"x": tensor(gen, 4, 1, 3), "d": 1}),
         Rule("unsqueeze-order", "(unsqueeze (unsqueeze x d) e)", "(unsqueeze (unsqueeze x e) (+ d 1))",

@@ -7,7 +7,7 @@ from torch import nn
 
 from scalify.capture.tracer import capture
 from scalify.ir.graph import Graph, Node
-from scalify.ir.simplify import (without_double_transposes, without_repeats,
+from scalify.ir.simplify import (simplified_ranks, without_double_transposes, without_repeats,
                                  without_root_powers, without_unit_powers, without_zero_fills,
                                  without_zero_shifts)
 from scalify.verify.numeric import run_graph
@@ -96,6 +96,50 @@ def test_a_norm_squared_is_its_sum_of_squares_and_zero_is_added_to_nothing() -> 
     assert _ops(simplified).count("pow_scalar") == 3  # the squares and the final root
     assert "add_scalar" not in _ops(simplified) and "full" not in _ops(simplified)
     assert _same_numbers(graph, simplified, x)
+
+
+def _norm_of_norms(x):
+    """PyTorch's clip total: the norms stacked, one of them halved (DTensor's share of a
+    replicated norm), and the stack's norm."""
+    first, second = x.chunk(2)
+    return torch.stack([torch.norm(first), torch.norm(second) / 2]).norm()
+
+
+def test_a_power_of_roots_gathered_and_scaled_is_their_bases_gathered_and_scaled() -> None:
+    x = torch.randn(4, 3)
+    graph = _captured(_norm_of_norms, x)
+    simplified = without_root_powers(graph)
+    assert _ops(graph).count("pow_scalar") == 6
+    assert _ops(simplified).count("pow_scalar") == 3  # the squares and the final root
+    assert _same_numbers(graph, simplified, x)
+
+
+def _reduced_norm(group: tuple[int, ...]):
+    """A norm reduced over ranks as DTensor reduces a norm: squared, summed, rooted; then
+    squared again by the next norm."""
+    def graph(sign: float) -> Graph:
+        g = Graph()
+        g.add(Node("x", "placeholder", (), (("shape", (3,)), ("target", "x")), (3,), "float32"))
+        g.add(Node("sq", "pow_scalar", ("x",), (("value", 2),), (3,), "float32"))
+        signed = "sq"
+        if sign < 0:  # this rank gives the sum a value that may be negative
+            g.add(Node("neg", "neg", ("sq",), (), (3,), "float32"))
+            signed = "neg"
+        g.add(Node("sum", "all_reduce", (signed,), (("group", group), ("reduce", "sum")), (3,),
+                   "float32"))
+        g.add(Node("root", "pow_scalar", ("sum",), (("value", 0.5),), (3,), "float32"))
+        g.add(Node("again", "pow_scalar", ("root",), (("value", 2.0),), (3,), "float32"))
+        g.outputs = ["again"]
+        return g
+    return graph
+
+
+def test_a_root_of_a_sum_over_ranks_cancels_only_when_every_rank_gives_a_non_negative_value():
+    make = _reduced_norm((0, 1))
+    both = simplified_ranks([make(1.0), make(1.0)])
+    assert all(_ops(g) == ["pow_scalar", "all_reduce"] for g in both)
+    mixed = simplified_ranks([make(1.0), make(-1.0)])
+    assert _ops(mixed[0]) == ["pow_scalar", "all_reduce", "pow_scalar", "pow_scalar"]
 
 
 def test_a_root_of_a_value_that_may_be_negative_stays() -> None:

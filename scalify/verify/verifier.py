@@ -386,6 +386,9 @@ class Verifier:
                 followed = self._follow(node, inputs, searched, relations)
                 if followed is not None:
                     return self._brought_back(followed, runs, result)
+                if runs:  # the run's budget is spent here, as past its last op: its first op
+                    self._fail_run(runs[0].pending, node, result)  # is reported
+                    return None
                 result.unknown.append(f"{node.op} at {node.source}: its window gave no answer, {limit}")
                 return None
             term = parse(outcome.term)

@@ -124,6 +124,6 @@ class SeqFirstNorm(Norm):
 def test_a_norm_weight_broadcast_over_transposed_rows_verifies():
     report = scalify.verify_modules(
         reference=Norm(), rank_module_factory=lambda rank: SeqFirstNorm(), world_size=WORLD,
-        example_inputs={"x": torch.randn(batch, SEQ, HIDDEN)},
+        example_inputs={"x": torch.randn(BATCH, SEQ, HIDDEN)},
         output_placements=[scalify.Replicate()], numeric=True)
     assert report.verified and report.numeric["agrees"]

@@ -24,6 +24,7 @@ from .config import Experiment, load_experiment
 from .engine import Executor, InlineExecutor, VerifyJob, executor_for
 from .errors import CaptureError, ShapeError
 from .ir.assumptions import ValueRange, assuming
+from .ir.broadcasts import with_broadcasts_resolved
 from .ir.distributed import merge_ranks
 from .ir.graph import Graph
 from .ir.ops import MOVEMENT, OPS
@@ -198,7 +199,9 @@ def verify_graphs(ref_graph: Graph, rank_graphs: list[Graph], placements: dict[s
     assumed = {name: ValueRange(*bounds) for name, bounds in (assume or {}).items()}
     written_ref, written_ranks = ref_graph, rank_graphs
     ref_graph = without_zero_shifts(simplified(assuming([ref_graph], assumed)[0]))
-    rank_graphs = simplified_ranks(assuming(rank_graphs, assumed))
+    replicated = lambda target: isinstance(placements.get(target, Replicate()), Replicate)
+    rank_graphs = simplified_ranks(with_broadcasts_resolved(assuming(rank_graphs, assumed),
+                                                            replicated))
     options = options or VerifyOptions()
     # (the numbers run on the programs as written: merged here only when nothing was assumed)
     attempt = _Attempt.of(ref_graph, rank_graphs, placements, options, numeric and not assumed)

@@ -207,10 +207,17 @@ def _masked_fill(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any)
     x, mask, value = args
     if isinstance(value, Ref):  # a 0-dim tensor value: where(mask, value, x)
         return _where(b, "where", [mask, value, x], {}, out)
-    shape, value = _out_shape(out), _scalar(value)
-    if out.dtype.is_floating_point:  # one spelling per value: 0 and 0.0 fill a float alike
+    shape = _out_shape(out)
+    return filled(b, b.broadcast(x, shape), b.broadcast(mask, shape), value)
+
+
+def filled(b: GraphBuilder, x: Ref, mask: Ref, value: Any) -> Ref:
+    """x with `value` where `mask` holds (same shapes), the value spelled one way per dtype:
+    0 and 0.0 fill a float alike."""
+    value = _scalar(value)
+    if x.dtype.startswith(("float", "bfloat")):
         value = float(value)
-    return b.emit("masked_fill", [b.broadcast(x, shape), b.broadcast(mask, shape)], value=value)
+    return b.emit("masked_fill", [x, mask], value=value)
 
 
 # Reductions and normalisations.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .aten import Result, _dim, _scalar, lowering
+from .aten import Result, _dim, filled, lowering
 from .aten import _one_per_row as _picks_one_per_row
 from .builder import GraphBuilder, Ref
 from .uninterpreted import apply
@@ -31,7 +31,7 @@ def _index_put(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -
     mask = indices[0]
     while len(mask.shape) < len(x.shape):
         mask = b.emit("unsqueeze", [mask], dim=len(mask.shape))
-    return b.emit("masked_fill", [x, b.broadcast(mask, x.shape)], value=_scalar(value))
+    return filled(b, x, b.broadcast(mask, x.shape), value)
 
 
 def _change(b: GraphBuilder, values: Ref, x: Ref, ids: Ref) -> Ref | None:

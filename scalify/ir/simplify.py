@@ -45,6 +45,13 @@ def simplified_ranks(graphs: list[Graph]) -> list[Graph]:
 def _reduction_keys(graph: Graph) -> dict[str, tuple]:
     """Each sum or max all-reduce of `graph` by (group, its place among the group's
     collectives)."""
+    return collective_keys(graph, lambda node: node.op == "all_reduce"
+                           and node.attr("reduce") in ("sum", "max"))
+
+
+def collective_keys(graph: Graph, wanted: Callable[[Node], bool]) -> dict[str, tuple]:
+    """Each `wanted` collective of `graph` by (group, its place among the group's collectives):
+    the ranks' collectives matched in program order, as they run."""
     counts: dict[object, int] = {}
     keys = {}
     for node in graph:
@@ -52,7 +59,7 @@ def _reduction_keys(graph: Graph) -> dict[str, tuple]:
             continue
         group = node.attr("group")
         counts[group] = counts.get(group, 0) + 1
-        if node.op == "all_reduce" and node.attr("reduce") in ("sum", "max"):
+        if wanted(node):
             keys[node.name] = (group, counts[group])
     return keys
 

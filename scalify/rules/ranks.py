@@ -67,6 +67,12 @@ def _elementwise() -> list[Rule]:
              when=("(inv m)",)),
         Rule("additive-over-rsums", "(binary f (rsum x) (rsum y))", "(rsum (binary f x y))", two,
              when=("(additive f)",), families={"f": ADDITIVE}),
+        # Sums over ranks side by side are the sum of the ranks' parts side by side (a flat
+        # bucket all-reduced partition by partition, a gradient read across the cut).
+        Rule("concat-of-rsums", "(concat (rsum x) (rsum y) d na nb)",
+             "(rsum (concat x y d na nb))",
+             lambda gen, c: {"x": family(gen, 3, 2, 5), "y": family(gen, 3, 4, 5), "d": 1,
+                             "na": 2, "nb": 4}),
         Rule("scaling-over-rsum-left", "(binary f (rsum x) y)", "(rsum (binary f x y))", summed,
              when=("(scales_left f)", "(inv y)"), families={"f": SCALES_LEFT}),
         Rule("scaling-over-rsum-right", "(binary f y (rsum x))", "(rsum (binary f y x))", summed,

@@ -765,20 +765,37 @@ class Verifier:
 
     def _first_uses(self, name: str, limit: int = 4) -> list[SourceLoc]:
         """The lines of the first ops past data movement that read rank tensor `name` (what the
-        ranks do with a collective's result: scale it, add it)."""
+        ranks do with a collective's result: scale it, add it), and past its scalings, of the
+        data movement that makes it an output (a gradient read back out of a flat bucket)."""
+        outputs = set(self.dist.graph.outputs)
         uses: list[SourceLoc] = []
-        seen, queue = {name}, deque([name])
+        reader = {name: name}  # each op reached, and the op it reads the value from
+        queue = deque([name])
         while queue and len(uses) < limit:
-            for user in self.users[queue.popleft()]:
-                if user in seen:
+            current = queue.popleft()
+            for user in self.users[current]:
+                if user in reader:
                     continue
-                seen.add(user)
+                reader[user] = current
                 node = self.dist.graph[user]
-                if OPS[node.op].trait == MOVEMENT:
+                moves = OPS[node.op].trait == MOVEMENT
+                if moves or node.op in LINEAR_UNARY_OPS:
                     queue.append(user)
-                elif node.source.file and node.source not in uses:
-                    uses.append(node.source)
+                found = [] if moves else [user]
+                if user in outputs:  # and the ops that deliver it
+                    found += self._read_from(user, name, reader)
+                uses += [loc for loc in dict.fromkeys(self.dist.graph[n].source for n in found)
+                         if loc.file and loc not in uses]
         return uses
+
+    @staticmethod
+    def _read_from(name: str, source: str, reader: dict[str, str]) -> list[str]:
+        """The ops from `name` back to (not including) `source`, each reading the next."""
+        trail = []
+        while name != source:
+            trail.append(name)
+            name = reader[name]
+        return trail
 
     def _discrepancy(self, node: Node, inputs: list[Relation], found: App, window: list[str],
                      relations: dict[str, Relation | None]) -> Discrepancy:

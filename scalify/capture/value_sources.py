@@ -4,9 +4,12 @@ them; a report that names only the op's line misses a bug in the arithmetic that
 
 Read from the source (one step back, not through calls): for a local name, the assignments that
 can reach the line (the last one above it, and those later in a loop around it); for a global,
-its module-level assignments and those under `global`; for `obj.attr`, every assignment to an
-attribute of that name in the file. The tests of the `if`s and `while`s around the line count too:
-they decided that it runs (a parameter counted on the wrong ranks is a wrong condition)."""
+its module-level assignments and those under `global`; for `obj.attr` (or `getattr(obj, "attr")`),
+every assignment to an attribute of that name in the file (`setattr` with its name too). A list
+of tensors read on the line names the lines that built it and, for the attributes those lines
+read, where they were set: which tensors it holds (gradients chosen by a tag on their
+parameters). The tests of the `if`s and `while`s around the line count too: they decided that
+it runs (a parameter counted on the wrong ranks is a wrong condition)."""
 from __future__ import annotations
 
 import ast
@@ -28,15 +31,26 @@ def value_sources(frame: FrameType) -> tuple[str, ...]:
         return ()
     found: set[int] = set()
     for read in _line_reads(filename, line)[1]:
-        if isinstance(read, ast.Name) and _is_scalar(_local_or_global(frame, read.id)):
+        value = _local_or_global(frame, read.id) if isinstance(read, ast.Name) else None
+        if isinstance(read, ast.Name) and (_is_scalar(value) or _tensors(value)):
             local = read.id in frame.f_code.co_varnames
-            found.update(_name_definitions(filename, line, read.id, local))
+            built = _name_definitions(filename, line, read.id, local)
+            found.update(built)
+            if _tensors(value):  # which tensors the list holds: what its lines read of them
+                found.update(number for at in built
+                             for number in _read_attribute_definitions(filename, at))
         elif (isinstance(read, ast.Attribute) and isinstance(read.value, ast.Name)
               and _is_scalar(_attribute(_local_or_global(frame, read.value.id), read.attr))):
             found.update(_attribute_definitions(filename, read.attr))
     found.update(_governing_conditions(filename, line))
     found.discard(line)
     return tuple(f"{filename}:{number}" for number in sorted(found))
+
+
+def _tensors(value: Any) -> bool:
+    """A list or tuple of tensors (gradients gathered to be reduced together)."""
+    return isinstance(value, (tuple, list)) and bool(value) and all(
+        isinstance(item, torch.Tensor) for item in value)
 
 
 def _is_scalar(value: Any) -> bool:
@@ -122,7 +136,28 @@ def _reads_by_line(filename: str, function_line: int) -> dict[int, tuple[ast.exp
         if (isinstance(node, (ast.Name, ast.Attribute)) and isinstance(node.ctx, ast.Load)
                 and id(node) not in callees):
             lines.setdefault(node.lineno, []).append(node)
+        named = _named_attribute(node, "getattr")
+        if named is not None:  # getattr(obj, "name"): a read of obj.name
+            lines.setdefault(node.lineno, []).append(
+                ast.Attribute(named[0], named[1], ast.Load(), lineno=node.lineno))
     return {line: tuple(reads) for line, reads in lines.items()}
+
+
+def _named_attribute(node: ast.AST, function: str) -> tuple[ast.expr, str] | None:
+    """(obj, name) for a call `function(obj, "name", ...)` (getattr, setattr), else None."""
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id == function and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
+        return node.args[0], node.args[1].value
+    return None
+
+
+@lru_cache(maxsize=1 << 12)
+def _read_attribute_definitions(filename: str, line: int) -> tuple[int, ...]:
+    """The lines that assign the attributes read on `line` (what a list built there holds)."""
+    reads = _line_reads(filename, line)[1]
+    return tuple(number for read in reads if isinstance(read, ast.Attribute)
+                 for number in _attribute_definitions(filename, read.attr))
 
 
 def _stores(scope: ast.AST, name: str) -> list[ast.AST]:
@@ -203,9 +238,13 @@ def _governing_conditions(filename: str, line: int) -> tuple[int, ...]:
 
 @lru_cache(maxsize=1 << 12)
 def _attribute_definitions(filename: str, attribute: str) -> tuple[int, ...]:
-    """Every line of the file that assigns an attribute named `attribute`."""
+    """Every line of the file that assigns an attribute named `attribute` (or sets it by
+    `setattr` with its name)."""
     lines = []
     for node in _all_statements(filename):
+        if isinstance(node, ast.Expr) and (_named_attribute(node.value, "setattr")
+                                           or (None, ""))[1] == attribute:
+            lines.append(node.lineno)
         if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             if any(isinstance(part, ast.Attribute) and part.attr == attribute

@@ -5,7 +5,8 @@ the same inputs with the same attributes (the backward of a loss recomputing `ou
 mask built twice) is its first application, so the ops that read either copy meet at one
 tensor in the windows that relate them. A norm raised to its order again (`torch.norm(g) ** 2`,
 as gradient clipping sums norms) is the sum it was the root of, and an addition of zero is its
-other operand (`without_zero_fills`, `without_zero_shifts`); a power of 1 is its base."""
+other operand (`without_zero_fills`, `without_zero_shifts`); a power of 1 is its base; a slice
+that takes one operand of a concat is that operand (`without_concat_picks`)."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -22,12 +23,14 @@ _DISTINCT_OPS = frozenset({"opaque"})
 
 
 def simplified(graph: Graph, non_negative_sums: frozenset[str] = frozenset()) -> Graph:
-    """The graph without transpose round trips, root-then-power round trips, powers of 1,
-    additions of zero fills and repeated applications, its attention masks as fills
+    """The graph without transpose round trips, slices that take a concat's operand,
+    root-then-power round trips, powers of 1, additions of zero fills and repeated
+    applications, its attention masks as fills
     (`masks.py`). `non_negative_sums` names the all-reduces whose inputs are non-negative on
     every rank (`simplified_ranks`)."""
     return without_repeats(masks_as_fills(without_zero_fills(without_unit_powers(
-        without_root_powers(without_double_transposes(graph), non_negative_sums)))))
+        without_root_powers(without_concat_picks(without_double_transposes(graph)),
+                            non_negative_sums)))))
 
 
 def simplified_ranks(graphs: list[Graph]) -> list[Graph]:
@@ -92,6 +95,34 @@ def without_double_transposes(graph: Graph) -> Graph:
         if node.name in used or node.name not in undone:
             result.add(node)
     return result
+
+
+def without_concat_picks(graph: Graph) -> Graph:
+    """The graph with every slice that takes exactly one operand of a concat along its dim
+    (through nested concats) replaced by that operand: a flat buffer a rank writes its own
+    partition into and reads back (ZeRO's partitions), whose concats differ by rank in where
+    the written operand sits."""
+    def operand(node: Node, kept: Graph) -> str | None:
+        if node.op != "slice":
+            return None
+        dim, start, end = node.attr("dim") % len(node.shape), node.attr("start"), node.attr("end")
+        source = kept[node.inputs[0]]
+        while source.op == "concat" and source.attr("dim") % len(source.shape) == dim:
+            offset = 0
+            for part in source.inputs:
+                size = kept[part].shape[dim]
+                if offset <= start and end <= offset + size:
+                    break
+                offset += size
+            else:
+                return None
+            start, end = start - offset, end - offset
+            if (start, end) == (0, size):
+                return part
+            source = kept[part]
+        return None
+
+    return with_aliases(graph, operand)
 
 
 def without_repeats(graph: Graph) -> Graph:

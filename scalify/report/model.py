@@ -37,7 +37,8 @@ class Discrepancy:
                   for place in (*loc.callers, *loc.scaled_at, *loc.passed_at, *loc.values_from)]
         places += [place for loc in self.nearby
                    for place in (*loc.callers, *loc.scaled_at, *loc.passed_at)]
-        named = {(loc.file, loc.line) for loc in [self.dist_source, *self.path, *self.nearby]}
+        named = {(loc.file, loc.line) for loc in [self.dist_source, *self.path, *self.nearby]
+                 if loc.file}
         for place in places:
             file, _, line = place.rpartition(":")
             named.add((file, int(line)))

@@ -58,6 +58,16 @@ def _elementwise() -> list[Rule]:
         Rule("binary-over-broadcast-and-rcat", "(binary f (expand z d n) (rcat x d s))",
              "(rcat (binary f (expand z d s) x) d s)", broadcast, when=("(inv z)",),
              families={"f": BINARY_KEYS}),
+        # Each rank's own block of elementwise results is the result on its blocks (a
+        # partitioned optimizer step: each rank updates its block of the flat parameters).
+        Rule("scaling-over-rslice", "(unary f (rslice x d s))", "(rslice (unary f x) d s)",
+             lambda gen, c: {"x": family(gen, 3, 2 * WORLD, 5), "d": 1, "s": 2, **c},
+             when=("(linear_unary f)",), families={"f": LINEAR_UNARY_KEYS}),
+        Rule("binary-over-rslices", "(binary f (rslice x d s) (rslice y d s))",
+             "(rslice (binary f x y) d s)",
+             lambda gen, c: {"x": family(gen, 3, 2 * WORLD, 5), "y": family(gen, 3, 2 * WORLD, 5),
+                             "d": 1, "s": 2, **c},
+             when=("(= (dimsize x d) (dimsize y d))",), families={"f": BINARY_KEYS}),
         Rule("linear-unary-over-rsum", "(unary f (rsum x))", "(rsum (unary f x))",
              lambda gen, c: {"x": family(gen, *SHAPE), **c}, when=("(linear_unary f)",),
              families={"f": LINEAR_UNARY_KEYS}),

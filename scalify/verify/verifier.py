@@ -11,7 +11,7 @@ import functools
 import re
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from math import prod
 from functools import cached_property
@@ -240,10 +240,18 @@ class Verifier:
                 self._fail_run(relation.pending, node, result)
                 result.relations[node.name] = None
 
-    def _fail_run(self, origin: str, node: Node, result: Verification) -> None:
-        """Report the run begun at `origin` (where the ranks and the reference part ways), or,
-        when another branch of it was brought back, `node` itself."""
+    def _fail_run(self, origin: str, node: Node, result: Verification,
+                  ending: Discrepancy | None = None) -> None:
+        """Report the run begun at `origin` (where the ranks and the reference part ways), with
+        the rank ops of the window that last looked for it (`ending`, at `node`: where the
+        ranks compute what the run does), or, when another branch of it was brought back,
+        `node` itself."""
         found = result.deferred.pop(origin, None)
+        if found is not None and ending is not None:
+            found = replace(
+                found, path=found.path + [loc for loc in [ending.dist_source, *ending.path]
+                                          if loc.file and loc not in found.path],
+                nearby=found.nearby + [loc for loc in ending.nearby if loc not in found.nearby])
         if found is None:
             relation = result.relations.get(node.name)
             found = Discrepancy(
@@ -430,7 +438,8 @@ class Verifier:
                                   "with no lowering to the core IR "
                                   f"({opaque_sources(self.dist.graph, opaque)})")
         elif runs:
-            self._fail_run(runs[0].pending, node, result)
+            self._fail_run(runs[0].pending, node, result, self._discrepancy(
+                node, inputs, term, narrowest or window, relations))
         else:
             result.discrepancies.append(self._discrepancy(node, inputs, term, narrowest or window,
                                                           relations))
@@ -765,8 +774,9 @@ class Verifier:
 
     def _first_uses(self, name: str, limit: int = 4) -> list[SourceLoc]:
         """The lines of the first ops past data movement that read rank tensor `name` (what the
-        ranks do with a collective's result: scale it, add it), and past its scalings, of the
-        data movement that makes it an output (a gradient read back out of a flat bucket)."""
+        ranks do with a collective's result: scale it, add it) and, past its scalings, of the
+        ops that make it an output, each with the data movement that took the value there (a
+        gradient's partition cut out of a flat bucket, read back out of it)."""
         outputs = set(self.dist.graph.outputs)
         uses: list[SourceLoc] = []
         reader = {name: name}  # each op reached, and the op it reads the value from
@@ -781,11 +791,10 @@ class Verifier:
                 moves = OPS[node.op].trait == MOVEMENT
                 if moves or node.op in LINEAR_UNARY_OPS:
                     queue.append(user)
-                found = [] if moves else [user]
-                if user in outputs:  # and the ops that deliver it
-                    found += self._read_from(user, name, reader)
-                uses += [loc for loc in dict.fromkeys(self.dist.graph[n].source for n in found)
-                         if loc.file and loc not in uses]
+                if not moves or user in outputs:  # with the ops that cut or scaled it there
+                    uses += [loc for loc in dict.fromkeys(
+                        self.dist.graph[n].source for n in self._read_from(user, name, reader))
+                        if loc.file and loc not in uses]
         return uses
 
     @staticmethod
@@ -825,7 +834,9 @@ class Verifier:
                         f"{producer.source}) that the {collective.op} at {collective.source} "
                         f"does not sum into this {node.op}'s input")
         else:
-            same_op = [n for n in lowest if self.dist.graph[n].op == node.op]
+            same_op = sorted((n for n in lowest if self.dist.graph[n].op == node.op),  # in the
+                             key=lambda n: self.dist.graph[n].source.backward  # same pass first
+                             != node.source.backward)
             lines = {(loc.file, loc.line) for loc in [node.source, *(self.ref[i].source
                                                                     for i in node.inputs)]
                      if loc.file}  # the rank's run of this op's or its inputs' source lines
@@ -891,8 +902,12 @@ class Verifier:
             if name in known and name not in starts or name in expected:
                 continue  # a value known equal to the reference's: where the ways part
             for arg in node.inputs:
-                if arg not in seen and self.dist_const.get(arg) not in (
-                        self.ref_const_terms) and self.dist.graph[arg].op != "placeholder":
+                read = self.dist.graph[arg]
+                if read.op == "placeholder" and read.source.passed_at:  # copied before it
+                    held = replace(read.source, code=f"the input {arg}, passed on")  # was read
+                    lines += [held] if held not in lines else []
+                elif arg not in seen and self.dist_const.get(arg) not in self.ref_const_terms \
+                        and read.op != "placeholder":
                     seen.add(arg)
                     queue.append(arg)
         return lines[1:]

@@ -1,6 +1,7 @@
 """The lines that set the Python values (offsets, scales, groups) an op's line reads: the last
 assignment above the line and those later in a loop around it; attributes wherever the file
-assigns them; tensors, which the graph holds as nodes, are left out."""
+assigns them (or `setattr` sets them); tensors, which the graph holds as nodes, are left out,
+but a list of tensors names the line that built it and where the attributes it read were set."""
 import sys
 from pathlib import Path
 
@@ -50,6 +51,21 @@ def test_an_offset_names_its_assignments_that_reach_the_line():
 
 def test_an_attribute_names_where_the_file_assigns_it_and_a_tensor_is_left_out():
     assert _Scaled(4).forward(torch.ones(2)) == (_line("scale set"),)
+
+
+def _tag(params: list[torch.Tensor]) -> None:
+    setattr(params[1], "sequence_parallel", True)  # tagged
+
+
+def _reduced_together(params: list[torch.Tensor]) -> tuple[str, ...]:
+    grads = [p * 2 for p in params if getattr(p, "sequence_parallel", False)]  # chosen
+    return _here(torch.cat(grads))
+
+
+def test_a_list_of_tensors_names_the_line_that_chose_them_and_what_that_line_read():
+    params = [nn.Parameter(torch.ones(2)) for _ in range(3)]
+    _tag(params)
+    assert _reduced_together(params) == (_line("tagged"), _line("chosen"))
 
 
 def _counted(tensors: list[torch.Tensor], rank: int) -> tuple[str, ...]:

@@ -7,9 +7,9 @@ from torch import nn
 
 from scalify.capture.tracer import capture
 from scalify.ir.graph import Graph, Node
-from scalify.ir.simplify import (simplified_ranks, without_double_transposes, without_repeats,
-                                 without_root_powers, without_unit_powers, without_zero_fills,
-                                 without_zero_shifts)
+from scalify.ir.simplify import (simplified_ranks, without_concat_picks,
+                                 without_double_transposes, without_repeats, without_root_powers,
+                                 without_unit_powers, without_zero_fills, without_zero_shifts)
 from scalify.verify.numeric import run_graph
 
 
@@ -175,3 +175,22 @@ def test_picks_from_zeros_are_zeros() -> None:
     graph = _captured(lambda t: torch.ones(3) - torch.zeros(3, 5)[torch.arange(3), t], ids)
     simplified = without_zero_fills(graph)
     assert "sub" not in _ops(simplified) and _same_numbers(graph, simplified, ids)
+
+
+def _partition_written_back(x: torch.Tensor) -> torch.Tensor:
+    """A flat buffer with one partition overwritten in place and read back (ZeRO's step on a
+    rank's partition), and a read across the cut."""
+    flat = torch.cat([x.reshape(-1), torch.zeros(2)])
+    partitions = flat.narrow(0, 0, 7), flat.narrow(0, 7, 7)
+    partitions[1].mul_(2)
+    return torch.exp(partitions[1].clone()) + flat.narrow(0, 6, 7)
+
+
+def test_a_slice_that_takes_one_operand_of_a_concat_is_that_operand() -> None:
+    x = torch.randn(4, 3)
+    graph = _captured(_partition_written_back, x)
+    simplified = without_concat_picks(graph)
+    exp = next(node for node in simplified if node.op == "exp")
+    assert simplified[exp.inputs[0]].op == "mul_scalar"  # the partition written, read back
+    assert _ops(simplified).count("slice") == _ops(graph).count("slice") - 1  # across: kept
+    assert _same_numbers(graph, simplified, x)

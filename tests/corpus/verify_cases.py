@@ -13,6 +13,7 @@ import json
 import multiprocessing
 import resource
 import signal
+import statistics
 import sys
 import time
 import traceback
@@ -53,6 +54,7 @@ class Outcome:
     localized: bool
     seconds: float
     detail: str = ""      # the first discrepancy, the unknown reason or the error
+    named: int = 0        # lines of the case's file the first discrepancy names
 
     @property
     def as_expected(self) -> bool:
@@ -63,7 +65,7 @@ def run(case: Case) -> Outcome:
     """Verify one case with the public API."""
     module = case.module
     start = time.perf_counter()
-    verdict, localized, detail = "crash", False, ""
+    verdict, localized, detail, named = "crash", False, "", 0
     assumed = case.example_ranges()
     try:
         report = scalify.verify_modules(
@@ -81,6 +83,7 @@ def run(case: Case) -> Outcome:
             first = report.discrepancies[0]
             line = case.bug_line()
             localized = line is not None and (str(case.path), line) in first.lines()
+            named = sum(file == str(case.path) for file, _ in first.lines())
             detail = f"{first.ref_op} at {first.location}: {first.found}"
         elif report.unknown:
             detail = report.unknown[0]
@@ -94,7 +97,7 @@ def run(case: Case) -> Outcome:
         detail = f"{type(error).__name__}: {error}".splitlines()[0]
         traceback.print_exc()
     return Outcome(case.name, case.style, case.step, case.buggy, verdict, localized,
-                   time.perf_counter() - start, detail)
+                   time.perf_counter() - start, detail, named)
 
 
 def run_bounded(path: Path) -> Outcome:
@@ -161,10 +164,15 @@ def main(argv: list[str] | None = None) -> int:
         outcome = run_bounded(path)
         outcomes.append(outcome)
         mark = "ok  " if outcome.as_expected else "MISS"
-        where = " (at the bug's line)" if outcome.localized else ""
+        where = (f" (at the bug's line, one of {outcome.named} named)" if outcome.localized
+                 else "")
         print(f"{mark} {outcome.name} [{outcome.step}, {'bug' if outcome.buggy else 'correct'}]: "
               f"{outcome.verdict}{where} in {outcome.seconds:.1f} s {outcome.detail}", flush=True)
     print(table(outcomes))
+    named = sorted(o.named for o in outcomes if o.buggy and o.verdict == "discrepancy")
+    if named:  # how narrow "at the bug's line" is
+        print(f"lines of its case's file a caught bug's report names: median "
+              f"{statistics.median(named):g}, at most {named[-1]}")
     misses = [o for o in outcomes if not o.as_expected]
     for outcome in misses:
         print(f"- {outcome.name}: {outcome.verdict}: {outcome.detail}")

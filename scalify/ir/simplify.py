@@ -99,9 +99,10 @@ def without_double_transposes(graph: Graph) -> Graph:
 
 def without_concat_picks(graph: Graph) -> Graph:
     """The graph with every slice that takes exactly one operand of a concat along its dim
-    (through nested concats) replaced by that operand: a flat buffer a rank writes its own
-    partition into and reads back (ZeRO's partitions), whose concats differ by rank in where
-    the written operand sits."""
+    (through nested concats) replaced by that operand, and one that lies within an operand by
+    the slice of that operand: a flat buffer a rank writes its own partition into and reads
+    back (ZeRO's partitions), whose concats differ by rank in where the written operand sits,
+    or into whose zeros gradients are added."""
     def operand(node: Node, kept: Graph) -> str | None:
         if node.op != "slice":
             return None
@@ -120,7 +121,14 @@ def without_concat_picks(graph: Graph) -> Graph:
             if (start, end) == (0, size):
                 return part
             source = kept[part]
-        return None
+        if source.name == node.inputs[0]:
+            return None
+        # within one operand: the slice of that operand (a cut of zeros is zeros)
+        moved = replace(node, name=f"{node.name}.in", inputs=(source.name,),
+                        attrs=tuple(sorted({**dict(node.attrs), "start": start,
+                                            "end": end}.items())))
+        kept.add(moved)
+        return moved.name
 
     return with_aliases(graph, operand)
 
@@ -144,7 +152,8 @@ def without_repeats(graph: Graph) -> Graph:
     return with_aliases(graph, earlier_application)
 
 
-_ZERO_BROADCASTS = frozenset({"expand", "unsqueeze", "squeeze"})
+_ZERO_MOVES = frozenset({"expand", "unsqueeze", "squeeze", "slice", "merge", "split",
+                         "transpose"})
 _LOOKUPS = frozenset({"take", "index", "embedding"})  # their first input is the table
 
 
@@ -152,13 +161,15 @@ def without_zero_fills(graph: Graph) -> Graph:
     """The graph with every `zeros + x` (and `x - zeros`) where x has the result's shape and
     dtype replaced by x (its users read x instead; zeros no other op reads are dropped): a
     norm accumulated into `torch.zeros(1)`, experts' outputs summed into `zeros_like(x)`, the
-    picks from zeros that DTensor's loss backward subtracts. Broadcasts of zeros and lookups
-    in them are zeros."""
+    picks from zeros that DTensor's loss backward subtracts. Broadcasts, slices and reshapes of
+    zeros and lookups in them are zeros, and so are literals of zeros (a buffer made before the capture began: a
+    distributed optimizer's gradient buffer)."""
     zeros: set[str] = set()  # zero fills, and broadcasts of them
 
     def other_than_zeros(node: Node, kept: Graph) -> str | None:
         if node.op == "full" and node.attr("value") == 0 or (
-                node.op in _ZERO_BROADCASTS | _LOOKUPS and node.inputs[0] in zeros):
+                node.op == "literal" and not any(node.attr("values"))) or (
+                node.op in _ZERO_MOVES | _LOOKUPS and node.inputs[0] in zeros):
             zeros.add(node.name)
         if node.op == "add" and len(node.inputs) == 2:
             a, b = node.inputs

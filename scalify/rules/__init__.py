@@ -12,13 +12,14 @@ from .terms import DECLARATIONS, render
 RULESET = "lemmas"
 PER_RANK_RULESET = "per_rank"  # run only for programs that are not rank-symmetric
 INVERSES_RULESET = "inverses"  # run only for windows that find no relation without it
+INWARD_RULESET = "inward"  # likewise, with every iteration after the inverses
 SLICE_ORDER_RULESET = "slice_order"  # run only where the context rules are not
 THEORIES = (elementwise, reduction, matmul, movement, embedding, rows)
 
 
 def all_rules() -> list[Rule]:
     return ([rule for theory in THEORIES for rule in theory.rules()] + movement.per_rank_rules()
-            + movement.inverse_rules() + movement.slice_order_rules() + rank_rules()
+            + movement.inverse_rules() + movement.inward_rules() + movement.slice_order_rules() + rank_rules()
             + context.rules())
 
 
@@ -28,7 +29,7 @@ def rank_rules() -> list[Rule]:
 
 
 OPTIONAL_RULESETS = (PER_RANK_RULESET, ranks.RULESET, context.RULESET, INVERSES_RULESET,
-                     SLICE_ORDER_RULESET)
+                     INWARD_RULESET, SLICE_ORDER_RULESET)
 
 
 def trait_facts() -> str:
@@ -49,6 +50,7 @@ def prelude(rulesets: Collection[str] = OPTIONAL_RULESETS) -> str:
                 ranks.RULESET: [rule.egglog(ranks.RULESET) for rule in rank_rules()] + ranks.fact_rules(),
                 context.RULESET: [rule.egglog(context.RULESET) for rule in context.rules()],
                 INVERSES_RULESET: [rule.egglog(INVERSES_RULESET) for rule in movement.inverse_rules()],
+                INWARD_RULESET: [rule.egglog(INWARD_RULESET) for rule in movement.inward_rules()],
                 SLICE_ORDER_RULESET: [rule.egglog(SLICE_ORDER_RULESET)
                                       for rule in movement.slice_order_rules()]}
     probe = "(rule ((target t k) (= t (dist n))) ((same k n)) :ruleset probe)"

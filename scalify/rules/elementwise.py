@@ -235,6 +235,10 @@ def rules() -> list[Rule]:
         Rule("negation-over-zero-fill", '(unary "neg" (masked_fill x m "0.0"))',
              '(masked_fill (unary "neg" x) m "0.0")',
              lambda gen, c: {"x": tensor(gen, *SHAPE), "m": tensor(gen, *SHAPE) > 0}),
+        # A step scaled by a negative constant (`p.add_(g, alpha=-lr)`) against `p - lr * g`.
+        Rule("scaling-of-negation", '(unary f (unary "neg" x))', '(unary "neg" (unary f x))',
+             lambda gen, c: {"x": tensor(gen, *SHAPE), **c}, when=("(linear_unary f)",),
+             families={"f": tuple(key for key in LINEAR_UNARY_KEYS if key != "neg")}),
         Rule("additive-over-psums", "(binary f (psum a b) (psum x y))",
              "(psum (binary f a x) (binary f b y))", _psum_example, when=("(additive f)",),
              families={"f": ADDITIVE}),

@@ -382,6 +382,27 @@ def inverse_rules() -> list[Rule]:
     ]
 
 
+def inward_rules() -> list[Rule]:
+    """A slice or split of an elementwise result is the op on the operands' slices or splits
+    (the outward rules read the other way): a parameter's piece of a flat buffer updated whole
+    (ZeRO-1 steps a flat partition, the parameters are read back out of it) is the update of
+    that piece. They reach down every operand to its leaves, so they are their own ruleset,
+    run only where a window finds no relation without them."""
+    same = ("(= (dimsize x d) (dimsize y d))",)
+    return [
+        Rule("slice-into-unary", "(slice (unary f x) d s e)", "(unary f (slice x d s e))",
+             lambda gen, c: {**_sliced(d=1, s=2, e=5)(gen, c), "f": "exp"}),
+        Rule("slice-into-binary", "(slice (binary f x y) d s e)",
+             "(binary f (slice x d s e) (slice y d s e))",
+             lambda gen, c: {**_sliced(d=1, s=2, e=5)(gen, c), "f": "add"}, when=same),
+        Rule("split-into-unary", "(split (unary f x) d i)", "(unary f (split x d i))",
+             lambda gen, c: {**_sliced(d=1, i=3)(gen, c), "f": "exp"}),
+        Rule("split-into-binary", "(split (binary f x y) d i)",
+             "(binary f (split x d i) (split y d i))",
+             lambda gen, c: {**_sliced(d=1, i=3)(gen, c), "f": "mul"}, when=same),
+    ]
+
+
 def slice_order_rules() -> list[Rule]:
     """Of two slices along different dims, the one along the lower dim outermost (a rank's
     chunk of a table built whole, then cut into its halves, is a slice of the reference's

@@ -8,7 +8,7 @@ from typing import Callable
 
 from egglog import bindings
 
-from ..rules import INVERSES_RULESET, SLICE_ORDER_RULESET, context, prelude
+from ..rules import INVERSES_RULESET, INWARD_RULESET, SLICE_ORDER_RULESET, context, prelude
 from ..rules.terms import SIZE_CONFLICT, is_relational, parse
 from .store import MemoStore
 
@@ -126,7 +126,8 @@ class EgglogSession:
 
     def _fresh(self) -> bindings.EGraph:
         egraph = bindings.EGraph()
-        egraph.run_program(*egraph.parse_program(prelude([*self.rulesets, INVERSES_RULESET])))
+        egraph.run_program(*egraph.parse_program(prelude([*self.rulesets, INVERSES_RULESET,
+                                                                 INWARD_RULESET])))
         self._conflict_check = egraph.parse_program(f"(check (= (dimsize t d) {SIZE_CONFLICT}))")
         return egraph
 
@@ -189,7 +190,7 @@ class EgglogSession:
             return outputs
         outputs += egraph.run_program(*egraph.parse_program(f"(run {INVERSES_RULESET} 1)"))
         try:
-            return outputs + self._saturate(egraph, settled, self.rulesets,
+            return outputs + self._saturate(egraph, settled, [*self.rulesets, INWARD_RULESET],
                                             stop_at=self._escalation_bound(nodes), before=nodes)
         except WindowLimitExceeded:
             return outputs

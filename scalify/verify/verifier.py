@@ -373,8 +373,8 @@ class Verifier:
         # Last, a window that looks through data movement (the ranks' reshapes and gathers
         # cost no depth): it finds relations carried by movement, at a cost most ops need not pay.
         windows = [(depth, False) for depth in depths] + [(max(depths), True)]
-        if runs and not self.options.context_parallel:  # (one window, without looking through)
-            windows = windows[:1]
+        if runs and not self.options.context_parallel:  # one deep window; a symmetric program
+            windows = windows[:1 + self.dist.symbolic]  # (one to prove) then looks through
         narrowest: list[str] | None = None  # the nodes closest to the op, for diagnostics
         searched: set[str] = set()  # every window's rank nodes
         related = None  # the last window that related the op

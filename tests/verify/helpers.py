@@ -13,3 +13,15 @@ def experiment(model: str, family: str, tp: int, *, layers: int = 1, logits: str
             "hardware": {"name": f"gpu-{tp}", "target": "gpu", "devices": tp},
             "inputs": {"batch": batch, "seq": 8}, "overrides": overrides,
             "verify": {"rank_symmetry": rank_symmetry}}
+
+
+def assert_verified(report) -> None:
+    """Verified, and the numeric cross-check agrees."""
+    assert report.verdict == "verified", report.discrepancies[:1]
+    assert report.numeric["agrees"]
+
+
+def assert_caught(report) -> None:
+    """A discrepancy, and the numbers differ."""
+    assert report.verdict == "discrepancy"
+    assert not report.numeric["agrees"]

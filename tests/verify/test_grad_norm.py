@@ -11,6 +11,8 @@ from torch import nn
 
 import scalify
 
+from .helpers import assert_caught, assert_verified
+
 LINES = Path(__file__).read_text().splitlines()
 COUNTED_WHERE = next(n for n, text in enumerate(LINES, 1) if text.endswith("# counted where"))
 
@@ -65,12 +67,10 @@ def _verify(duplicates_on_every_rank: bool) -> scalify.Report:
 
 def test_a_norm_counting_whole_parameters_on_rank_zero_only_verifies():
     report = _verify(duplicates_on_every_rank=False)
-    assert report.verdict == "verified", report.discrepancies[:1]
-    assert report.numeric["agrees"]
+    assert_verified(report)
 
 
 def test_a_norm_counting_whole_parameters_on_every_rank_is_caught():
     report = _verify(duplicates_on_every_rank=True)
-    assert report.verdict == "discrepancy"
-    assert not report.numeric["agrees"]
+    assert_caught(report)
     assert (__file__, COUNTED_WHERE) in report.discrepancies[0].lines()

@@ -31,6 +31,37 @@ def _composite(func: Any) -> Callable | None:
     return lambda *args, **kwargs: func.decompose(*args, **kwargs)
 
 
+# A foreach op's name past `_foreach_` where the per-tensor op is named otherwise.
+_FOREACH_PER_TENSOR = {"norm": "linalg_vector_norm"}
+
+
+def _foreach(func: Any) -> Callable | None:
+    """A `_foreach_<op>` (PyTorch's optimizers and gradient clipping on a GPU: one kernel over
+    a list of tensors) as `<op>` on each tensor of the list, with the matching element of every
+    argument that is a list as long as it and the rest as they are. Arguments pass by name:
+    one the per-tensor op names otherwise (`scalars` for `value`, `tensors1` for `end`) takes
+    the first of its names left."""
+    name = func.overloadpacket.__name__
+    base = name.removeprefix("_foreach_")
+    per_tensor = getattr(_aten, _FOREACH_PER_TENSOR.get(base, base), None)
+    if base == name or per_tensor is None or func._schema.arguments[0].name != "self":
+        return None
+    schema = getattr(per_tensor, "default", None) or getattr(per_tensor, per_tensor.overloads()[0])
+    accepted = [a.name for a in schema._schema.arguments][1:]
+    theirs = [a.name for a in func._schema.arguments][1:]
+    unnamed = iter(n for n in accepted if n not in theirs)
+    names = [n if n in accepted else next(unnamed, n) for n in theirs]
+    lists = {names[i] for i, a in enumerate(func._schema.arguments[1:])
+             if isinstance(a.type, torch.ListType)}  # one element per tensor
+
+    def each(tensors: list, *args: Any, **kwargs: Any) -> list | None:
+        given = {**dict(zip(names, args)), **{names[theirs.index(k)]: v for k, v in kwargs.items()}}
+        results = [per_tensor(t, **{k: v[i] if k in lists else v for k, v in given.items()})
+                   for i, t in enumerate(tensors)]
+        return None if base.endswith("_") else results
+    return each
+
+
 def decomposition_of(func: Any) -> Callable | None:
     """How to run `func` as other ops: forced for a few backward ops; otherwise only when no
     lowering covers it (None: lower it, or record it opaque)."""
@@ -38,4 +69,4 @@ def decomposition_of(func: Any) -> Callable | None:
         return FORCED[func]
     if lowering_name(func)[0] in LOWERINGS or not isinstance(func, torch._ops.OpOverload):
         return None
-    return _tables().get(func) or _composite(func)
+    return _tables().get(func) or _composite(func) or _foreach(func)

@@ -70,6 +70,16 @@ def exact_fraction(value: float) -> Fraction | None:
     return simple if float(simple) == float(value) else exact
 
 
+def power_of_scalar(value: float, power: float) -> float:
+    """`value ** power` for a scaling raised with what it scales (DTensor's share of a norm,
+    `x / 2 ** 0.5`, squared): an integer power of the exact factor, snapped like a product of
+    factors (`(2 ** 0.5) ** 2` is 2, as the math written means, not the float 2.0000000000000004)."""
+    factor = exact_fraction(value)
+    if factor is None or power != int(power):
+        return value ** power
+    return float(_snapped(factor ** int(power)))
+
+
 def _snapped(factor: Fraction) -> Fraction:
     """A product of factors as the simplest fraction within a few float64 ulps of it, if one
     is: a scale applied as its square root to both operands of a product (as PyTorch's

@@ -15,6 +15,7 @@ from typing import Callable
 from .graph import Graph, Node
 from .masks import masks_as_fills
 from .ops import COLLECTIVE, OPS, PLACEHOLDER, POINT_TO_POINT, RANDOM
+from .scaling import power_of_scalar
 
 # Applications that are values of their own however they were called: inputs, draws, exchanges
 # (matched across ranks in program order) and uninterpreted calls.
@@ -255,7 +256,8 @@ def _bases(graph: Graph, name: str, power: float) -> str:
     moved = f"{name}.bases"
     if moved not in graph:
         inputs = tuple(_bases(graph, i, power) for i in node.inputs)
-        attrs = (("value", node.attr("value") ** power),) if node.op in _SCALINGS else node.attrs
+        attrs = ((("value", power_of_scalar(node.attr("value"), power)),) if node.op in _SCALINGS
+                 else node.attrs)
         graph.add(replace(node, name=moved, inputs=inputs, attrs=attrs,
                           dtype=graph[inputs[0]].dtype))
     return moved

@@ -46,6 +46,10 @@ def _elementwise() -> list[Rule]:
     def summed(gen, choice):
         return {"x": family(gen, *SHAPE), "y": tensor(gen, *SHAPE), **choice}
 
+    def beside(gen, choice):  # the parts 2 (x) and 4 (y) wide
+        return {"x": family(gen, 3, 2, 5), "y": tensor(gen, 3, 4, 5), "d": 1, "na": 2, "nb": 4,
+                **choice}
+
     return [
         Rule("unary-over-rcat", "(unary f (rcat x d s))", "(rcat (unary f x) d s)",
              lambda gen, c: {"x": family(gen, *SHAPE), "d": 1, "s": 2, **c},
@@ -94,6 +98,22 @@ def _elementwise() -> list[Rule]:
              "(rsum (binary f x (unary h y)))", summed,
              when=("(additive f)", "(inv y)", "(world_share h)"),
              families={"f": ADDITIVE, "h": tuple(sorted(share_keys(WORLD)))}),
+        # A replicated value beside a sum over ranks: every rank's share of it beside its part
+        # (DTensor's norm over partial norms stacked with a replicated one).
+        Rule("invariant-beside-rsum", "(concat (rsum x) y d na nb)",
+             "(rsum (concat x (unary h y) d na nb))", beside,
+             when=("(inv y)", "(world_share h)"),
+             families={"h": tuple(sorted(share_keys(WORLD)))}),
+        Rule("rsum-beside-invariant", "(concat y (rsum x) d na nb)",
+             "(rsum (concat (unary h y) x d na nb))",
+             lambda gen, c: {**beside(gen, c), "na": 4, "nb": 2},
+             when=("(inv y)", "(world_share h)"),
+             families={"h": tuple(sorted(share_keys(WORLD)))}),
+        # Every rank's share of a replicated value, summed over the ranks (DTensor's share of a
+        # replicated norm in a norm over partial ones), is the value.
+        Rule("invariant-shares-summed", "(rsum (unary h y))", "y", summed,
+             when=("(inv y)", "(world_share h)"),
+             families={"h": tuple(sorted(share_keys(WORLD)))}),
     ]
 
 

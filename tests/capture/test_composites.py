@@ -52,7 +52,24 @@ CASES = {
     "one value put per row": lambda x: _put(x, x[:, 2], accumulate=False),
     "one value added per row": lambda x: _put(x, x[:, 2], accumulate=True),
     "one row value less a mask": lambda x: _put(x, 1.0 - (x[:, 0] > 0).to(x.dtype), subtract=True),
+    # PyTorch's optimizers and gradient clipping on a GPU: one op over a list of tensors
+    "foreach norm": lambda x: tuple(torch._foreach_norm([x, x[1:]], 2)),
+    "foreach mul_ by a tensor": lambda x: _foreach_in_place(x, lambda ts: torch._foreach_mul_(
+        ts, x.abs().sum())),
+    "foreach add_ of a list with alpha": lambda x: _foreach_in_place(x, lambda ts: torch._foreach_add_(
+        ts, [x.exp(), x.sin()], alpha=-0.1)),
+    "foreach addcdiv_ with scalars": lambda x: _foreach_in_place(x, lambda ts: torch._foreach_addcdiv_(
+        ts, [x, x], [x.abs() + 1, x.abs() + 2], [0.5, -2.0])),
+    "foreach lerp and sqrt": lambda x: tuple(torch._foreach_sqrt(torch._foreach_lerp(
+        [x.abs(), x.abs() + 1], [x.abs() + 2, x.abs()], 0.3))),
 }
+
+
+def _foreach_in_place(x, update):
+    """`update` applied in place to two tensors made from `x`; both returned."""
+    tensors = [x * 2, x + 1]
+    update(tensors)
+    return tuple(tensors)
 
 
 def _put(x, values, accumulate=False, subtract=False):

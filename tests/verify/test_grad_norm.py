@@ -8,6 +8,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 import scalify
 
@@ -74,3 +77,52 @@ def test_a_norm_counting_whole_parameters_on_every_rank_is_caught():
     report = _verify(duplicates_on_every_rank=True)
     assert_caught(report)
     assert (__file__, COUNTED_WHERE) in report.discrepancies[0].lines()
+
+
+class Feedforward(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(HIDDEN, FFN), nn.Linear(FFN, HIDDEN)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.relu(self.up(x)))
+
+
+class ClippedStep(nn.Module):
+    """The gradients clipped by PyTorch's own total norm; on the ranks they are DTensors (the
+    row-parallel bias replicated: DTensor stacks its share of that norm with the partial ones)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        loss = ((self.model(x) - target) ** 2).mean()
+        grads = torch.autograd.grad(loss, list(self.model.parameters()))
+        total = torch.nn.utils.get_total_norm(grads)
+        if isinstance(total, DTensor):
+            total = total.full_tensor()
+        coefficient = torch.clamp(MAX_NORM / (total + 1e-6), max=1.0)
+        grads = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+        return (loss, *[g * coefficient for g in grads])
+
+
+def _tensor_parallel_step(rank: int) -> nn.Module:
+    mesh = init_device_mesh("cpu", (WORLD,))
+    model = parallelize_module(Feedforward(), mesh,
+                               {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    return ClippedStep(model)
+
+
+def test_pytorchs_total_norm_over_dtensor_gradients_verifies():
+    report = scalify.verify_modules(
+        reference=ClippedStep(Feedforward()), rank_module_factory=_tensor_parallel_step,
+        world_size=WORLD,
+        example_inputs={"x": torch.randn(2, TOKENS, HIDDEN),
+                        "target": torch.randn(2, TOKENS, HIDDEN)},
+        param_placements={"model.up.weight": scalify.Shard(0), "model.up.bias": scalify.Shard(0),
+                          "model.down.weight": scalify.Shard(1)},
+        output_placements=[scalify.Replicate(), scalify.Shard(0), scalify.Shard(0),
+                           scalify.Shard(1), scalify.Replicate()],
+        grad=True, numeric=True)
+    assert_verified(report)

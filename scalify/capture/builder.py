@@ -97,18 +97,35 @@ class GraphBuilder:
         dim = front
         for group in _reshape_groups([s for s in middle_in if s != 1],
                                      [s for s in middle_out if s != 1]):
-            for _ in range(len(group[0]) - 1):
-                ref = self.emit("merge", [ref], dim=dim, inner=ref.shape[dim + 1])
-            sizes = group[1]
-            for offset in range(len(sizes) - 1):
-                inner = 1
-                for size in sizes[offset + 1:]:
-                    inner *= size
-                ref = self.emit("split", [ref], dim=dim + offset, inner=inner)
-            dim += len(sizes)
+            ref = self._reshape_group(ref, dim, *group)
+            dim += len(group[1])
         for offset, size in enumerate(middle_out):
             if size == 1:
                 ref = self.emit("unsqueeze", [ref], dim=front + offset)
+        return ref
+
+    def _reshape_group(self, ref: Ref, dim: int, sizes_in: list[int], sizes_out: list[int]) -> Ref:
+        """Dims `sizes_in` from `dim` on reshaped into `sizes_out` (as many elements): each dim
+        split into the common refinement of both shapes and the refined dims merged into the
+        outputs ([16, 16] -> [8, 8, 4] as [8, 2, 4, 4]), where one exists; else all merged into
+        one dim and split."""
+        refined = _common_refinement(sizes_in, sizes_out)
+        if refined is None:
+            for _ in range(len(sizes_in) - 1):
+                ref = self.emit("merge", [ref], dim=dim, inner=ref.shape[dim + 1])
+            splits, merges = [sizes_out], [[size] for size in sizes_out]
+        else:
+            splits, merges = _runs(refined, sizes_in), _runs(refined, sizes_out)
+        at = dim
+        for factors in splits:
+            for offset in range(len(factors) - 1):
+                ref = self.emit("split", [ref], dim=at + offset, inner=_product(factors[offset + 1:]))
+            at += len(factors)
+        at = dim
+        for run in merges:
+            for _ in range(len(run) - 1):
+                ref = self.emit("merge", [ref], dim=at, inner=ref.shape[at + 1])
+            at += 1
         return ref
 
     def permute(self, ref: Ref, perm: list[int]) -> Ref:
@@ -144,6 +161,43 @@ def _resolve_minus_one(source: tuple[int, ...], shape: tuple[int, ...]) -> tuple
     if product != total:
         raise ValueError(f"cannot reshape {source} to {shape}")
     return resolved
+
+
+def _product(sizes: list[int]) -> int:
+    total = 1
+    for size in sizes:
+        total *= size
+    return total
+
+
+def _common_refinement(sizes_in: list[int], sizes_out: list[int]) -> list[int] | None:
+    """The coarsest sizes both shapes are merges of ([16, 16] and [8, 8, 4]: [8, 2, 4, 4]), or
+    None when the shapes cut across each other ([6, 4] and [4, 6])."""
+    cuts = set()
+    for sizes in (sizes_in, sizes_out):
+        total = 1
+        for size in sizes:
+            total *= size
+            cuts.add(total)
+    refined, before = [], 1
+    for cut in sorted(cuts):
+        if cut % before:
+            return None
+        refined.append(cut // before)
+        before = cut
+    return refined
+
+
+def _runs(refined: list[int], sizes: list[int]) -> list[list[int]]:
+    """The refined sizes each of `sizes` is the product of, in order."""
+    runs, at = [], 0
+    for size in sizes:
+        run = []
+        while _product(run) < size:
+            run.append(refined[at])
+            at += 1
+        runs.append(run)
+    return runs
 
 
 def _reshape_groups(source: list[int], target: list[int]) -> list[tuple[list[int], list[int]]]:

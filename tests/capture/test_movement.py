@@ -79,3 +79,20 @@ def test_a_permutation_keeps_its_spelling():
 def test_a_round_trip_is_its_input():
     graph, _ = _captured(lambda x: x.transpose(1, 2).reshape(2, 12).view(2, 4, 3).transpose(1, 2))
     assert [n.op for n in canonical_movement(graph)] == ["placeholder", "exp"]
+
+
+@pytest.mark.parametrize("shape, new", [((16, 16), (8, 8, 4)), ((4, 6), (6, 4)),
+                                        ((2, 12, 5), (8, 3, 5)), ((2, 3, 4), (4, 6)),
+                                        ((6, 4), (2, 12)), ((24,), (2, 3, 4))])
+def test_a_reshape_across_dims_moves_the_same_elements(shape, new):
+    graph, x = _captured(lambda x: x.reshape(new), shape)
+    (got,) = _run(graph, {"x": x})
+    assert torch.equal(got, x.reshape(new).exp())
+
+
+def test_a_reshape_across_dims_splits_into_the_common_refinement():
+    """[16, 16] -> [8, 8, 4] is [8, 2 | 4, 4] regrouped: each dim split, neighbours merged
+    (the form relations through splits and merges follow), not all merged into 256 first."""
+    graph, _ = _captured(lambda x: x.reshape(8, 8, 4), (16, 16))
+    assert [(n.op, n.shape) for n in graph if n.op in ("merge", "split")] == [
+        ("split", (8, 2, 16)), ("split", (8, 2, 4, 4)), ("merge", (8, 8, 4))]

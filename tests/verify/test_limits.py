@@ -103,3 +103,13 @@ def test_a_window_that_multiplies_its_size_stops_before_the_iteration_that_would
         session._refuse_runaway(before=100_000, nodes=500_000, took=1.0, spent=2.0)
     with pytest.raises(WindowLimitExceeded, match="would take over 60 s"):
         session._refuse_runaway(before=20_000, nodes=100_000, took=12.0, spent=15.0)
+
+
+def test_a_window_whose_iterations_multiply_their_time_stops_before_the_next_one():
+    """Measured on a bucketed training step: 1.6 s, 23 s, then 259 s for 4% more e-nodes; the
+    window stops after the 23 s iteration. A steady pace, or iterations under a second, go on."""
+    session = EgglogSession(limits=WindowLimits(seconds=60.0))
+    with pytest.raises(WindowLimitExceeded, match="14.4x longer each"):
+        session._refuse_runaway(before=149_680, nodes=218_172, took=23.0, spent=2.5, previous=1.6)
+    session._refuse_runaway(before=149_680, nodes=218_172, took=23.0, spent=2.5, previous=20.0)
+    session._refuse_runaway(before=149_680, nodes=218_172, took=0.9, spent=2.5, previous=0.05)

@@ -26,7 +26,10 @@ class Discrepancy:
 
     @property
     def location(self) -> str:
-        return str(self.dist_source)
+        """Where the ranks compute the op; the reference's line where no rank op was found."""
+        if self.dist_source.file:
+            return str(self.dist_source)
+        return f"{self.ref_source} (reference; no rank op found)"
 
     def lines(self) -> set[tuple[str, int]]:
         """Every distributed source line the discrepancy names, with the lines that called them

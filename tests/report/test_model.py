@@ -1,0 +1,17 @@
+"""A discrepancy says where it is: the rank op's line, or the reference's where no rank op is."""
+from scalify.ir.graph import SourceLoc
+from scalify.report.model import Discrepancy
+
+
+def _discrepancy(dist_source: SourceLoc) -> Discrepancy:
+    return Discrepancy("matmul", "n1", "attn", SourceLoc("model.py", 72, backward=True),
+                       dist_source, found="", expected="", hint="")
+
+
+def test_a_discrepancy_is_located_at_the_rank_op():
+    assert _discrepancy(SourceLoc("parallel.py", 9)).location == "parallel.py:9"
+
+
+def test_a_discrepancy_with_no_rank_op_is_located_at_the_reference_line():
+    assert _discrepancy(SourceLoc()).location == \
+        "model.py:72 (backward) (reference; no rank op found)"

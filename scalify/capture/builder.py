@@ -1,7 +1,10 @@
 """Emits core-op nodes into a graph, computing shapes, plus the shape-changing helpers frontends share."""
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
+from itertools import accumulate
+from math import prod
 from typing import Any
 
 from ..ir.graph import Graph, Node, SourceLoc
@@ -119,7 +122,7 @@ class GraphBuilder:
         at = dim
         for factors in splits:
             for offset in range(len(factors) - 1):
-                ref = self.emit("split", [ref], dim=at + offset, inner=_product(factors[offset + 1:]))
+                ref = self.emit("split", [ref], dim=at + offset, inner=prod(factors[offset + 1:]))
             at += len(factors)
         at = dim
         for run in merges:
@@ -163,22 +166,10 @@ def _resolve_minus_one(source: tuple[int, ...], shape: tuple[int, ...]) -> tuple
     return resolved
 
 
-def _product(sizes: list[int]) -> int:
-    total = 1
-    for size in sizes:
-        total *= size
-    return total
-
-
 def _common_refinement(sizes_in: list[int], sizes_out: list[int]) -> list[int] | None:
     """The coarsest sizes both shapes are merges of ([16, 16] and [8, 8, 4]: [8, 2, 4, 4]), or
     None when the shapes cut across each other ([6, 4] and [4, 6])."""
-    cuts = set()
-    for sizes in (sizes_in, sizes_out):
-        total = 1
-        for size in sizes:
-            total *= size
-            cuts.add(total)
+    cuts = {*accumulate(sizes_in, operator.mul), *accumulate(sizes_out, operator.mul)}
     refined, before = [], 1
     for cut in sorted(cuts):
         if cut % before:
@@ -193,7 +184,7 @@ def _runs(refined: list[int], sizes: list[int]) -> list[list[int]]:
     runs, at = [], 0
     for size in sizes:
         run = []
-        while _product(run) < size:
+        while prod(run) < size:
             run.append(refined[at])
             at += 1
         runs.append(run)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -32,7 +32,7 @@ from .ir.scaling import pushed_scales, scaling_nodes
 from .ir.simplify import simplified, simplified_ranks, without_zero_shifts
 from .ir.symmetry import symbolic_program
 from .placements import Custom, Placement, Replicate, Shard
-from .report.model import Report
+from .report.model import Discrepancy, Report
 from .programs import programs_for
 from .verify.numeric import cross_check
 from .verify.relations import even_placements
@@ -231,7 +231,8 @@ def verify_graphs(ref_graph: Graph, rank_graphs: list[Graph], placements: dict[s
         numeric_result = cross_check(written_ref, dist, placements, outputs, assumed=assumed)
         timings["numeric_s"] = time.perf_counter() - start
     timings["total_s"] = sum(timings.values())
-    verified = not result.discrepancies and not result.unknown
+    discrepancies = result.discrepancies or _refuted(result, numeric_result)
+    verified = not discrepancies and not result.unknown
     stats = {"world_size": len(rank_graphs), "reference_nodes": len(ref_graph),
              "distributed_nodes": sum(len(g) for g in rank_graphs), "windows": result.windows,
              "memo_hits": result.memo_hits, "memo_misses": result.memo_misses,
@@ -241,10 +242,22 @@ def verify_graphs(ref_graph: Graph, rank_graphs: list[Graph], placements: dict[s
              "scalar_factors": "moved" if attempt.moved else "as written",
              **({"assumed": {name: str(bounds) for name, bounds in assumed.items()}} if assumed
                 else {}), **engine_stats}
-    verdict = ("discrepancy" if result.discrepancies else "unknown" if result.unknown
-               else "verified")
-    return Report(name, verified, verdict, result.discrepancies, timings, stats, numeric_result,
+    verdict = "discrepancy" if discrepancies else "unknown" if result.unknown else "verified"
+    return Report(name, verified, verdict, discrepancies, timings, stats, numeric_result,
                   unknown=result.unknown)
+
+
+def _refuted(result: Any, numeric: dict[str, Any] | None) -> list[Discrepancy]:
+    """Where the proof stopped, as a discrepancy, when it stopped at a window's limits and the
+    numbers differ: the ranks do not compute the reference, and every op before that one is
+    proven, so it is the first op where the two may part ways."""
+    if not result.suspects or not numeric or numeric.get("agrees") is not False:
+        return []
+    first = result.suspects[0]
+    error = numeric["max_relative_error"]
+    return [replace(first, hint=f"{first.hint}; the numbers differ (max relative error "
+                                f"{error:.3g}), so the ranks do not compute the reference, and "
+                                "this is the first op the proof did not reach past")]
 
 
 def verify(config: str | os.PathLike | dict | Experiment, *, numeric: bool | None = None,

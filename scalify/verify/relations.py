@@ -190,6 +190,43 @@ def describe(term: Term, name_of: dict[str, str]) -> str:
     return repr(term)
 
 
+def read_in_part(term: Term, shape_of: dict[str, Shape]) -> set[str]:
+    """The rank tensors `term` reads only through slices that leave some of a dim unread: the
+    rest of such a tensor holds what the reference value does not (two ranks' copies of one
+    shard gathered side by side), so it is not a value known equal to the reference's."""
+    cuts: dict[str, list[tuple[int, int, int]] | None] = {}
+    stack = [term]
+    while stack:
+        current = stack.pop()
+        if not isinstance(current, App):
+            continue
+        inner = current.args[0] if current.head == "slice" and current.args else None
+        if isinstance(inner, App) and inner.head == "dist":
+            name, (dim, start, end) = inner.args[0], current.args[1:4]
+            if cuts.get(name, []) is not None:
+                cuts.setdefault(name, []).append((dim, start, end))
+            continue
+        if current.head == "dist":
+            cuts[current.args[0]] = None  # read whole somewhere
+            continue
+        stack.extend(current.args)
+    return {name for name, read in cuts.items()
+            if read is not None and name in shape_of and not _covered(read, shape_of[name])}
+
+
+def _covered(cuts: list[tuple[int, int, int]], shape: Shape) -> bool:
+    """Whether the slices of one dim, taken together, read all of it."""
+    for dim in {dim for dim, _, _ in cuts}:
+        reach = 0
+        for start, end in sorted((s, e) for d, s, e in cuts if d == dim):
+            if start > reach:
+                return False
+            reach = max(reach, end)
+        if dim < len(shape) and reach >= shape[dim]:
+            return True
+    return False
+
+
 def _chain_of(term: App, head: str) -> bool:
     return all(not isinstance(a, App) or a.head == "dist" or (a.head == head and _chain_of(a, head))
                for a in term.args)

@@ -37,7 +37,7 @@ from .custom import custom_output_terms, custom_relation, family_custom_relation
 from .encode import encode
 from .opaque import opaque_dependents, opaque_sources, unknown_reason
 from .relations import (Relation, Shape, describe, expected_output, family_relation,
-                        from_placement, leaf, output_holders, stage_relation)
+                        from_placement, leaf, output_holders, read_in_part, stage_relation)
 from .segments import SegmentKey, segment_key
 from .session import EgglogSession, NoAnswer, WindowLimits
 from .store import MemoStore, ProofStore
@@ -107,6 +107,9 @@ class Verification:
     # began the run, by the reported op.
     run_origins: dict[str, str] = field(default_factory=dict)
     unknown: list[str] = field(default_factory=list)  # ops whose window hit its limits, and why
+    # Those ops as discrepancies: where the proof stopped, reported as one only when the
+    # numbers show that the ranks do not compute the reference.
+    suspects: list[Discrepancy] = field(default_factory=list)
     unchecked: int = 0  # ops left unproved because the deadline passed
     # A window read rank ops of other regions (a fused run's): the segment's relations hold
     # for its neighbours as they are, so they are not reused for another layer.
@@ -117,6 +120,7 @@ class Verification:
         self.discrepancies += outcome.discrepancies
         self.run_origins.update(outcome.run_origins)
         self.unknown += outcome.unknown
+        self.suspects += outcome.suspects
         self.windows += outcome.windows
         self.blocked += outcome.blocked
         self.unchecked += outcome.unchecked
@@ -398,6 +402,9 @@ class Verifier:
                     self._fail_run(runs[0].pending, node, result)  # is reported
                     return None
                 result.unknown.append(f"{node.op} at {node.source}: its window gave no answer, {limit}")
+                result.suspects.append(replace(self._discrepancy(
+                    node, inputs, App(node.op, tuple(parse(r.term) for r in inputs)),
+                    narrowest or window, relations), hint=f"its window gave no answer, {limit}"))
                 return None
             term = parse(outcome.term)
             if is_relational(term):
@@ -887,9 +894,12 @@ class Verifier:
         (read in their place: a swapped chunk), nearest first, at most `limit` lines other than the blamed
         op's. A wrong slice, chunk order, shard or scaling upstream shows here, and so do
         the rank's own constants the reference has none of (a table cut at the wrong rows)."""
-        expected = {name for relation in inputs for name in relation.leaf_names()}
+        in_part = {name for relation in inputs for name in read_in_part(
+            parse(relation.term), {n: self.dist.graph[n].shape for n in relation.leaf_names()
+                                   if n in self.dist.graph})}
+        expected = {name for relation in inputs for name in relation.leaf_names()} - in_part
         known = {name for relation in relations.values() if relation is not None
-                 for name in relation.leaf_names()}
+                 for name in relation.leaf_names()} - in_part
         starts = [blamed, *(n for n in leaves(found) if n not in expected and n in self.dist.graph)]
         lines: list[SourceLoc] = [self.dist.graph[blamed].source]
         seen, queue = set(starts), deque(starts)
@@ -1046,7 +1056,7 @@ def _label(node: Node, ranks: str) -> str:
 
 def _hint(node: Node, found: App) -> str:
     trait = OPS[node.op].trait
-    operand = found.args[1] if trait in ("reduce", "softmax") else None
+    operand = found.args[1] if trait in ("reduce", "softmax") and len(found.args) > 2 else None
     sharded_dim = None
     if isinstance(operand, App) and operand.head == "concat":
         sharded_dim = operand.args[2]

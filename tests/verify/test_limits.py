@@ -113,3 +113,27 @@ def test_a_window_whose_iterations_multiply_their_time_stops_before_the_next_one
         session._refuse_runaway(before=149_680, nodes=218_172, took=23.0, spent=2.5, previous=1.6)
     session._refuse_runaway(before=149_680, nodes=218_172, took=23.0, spent=2.5, previous=20.0)
     session._refuse_runaway(before=149_680, nodes=218_172, took=0.9, spent=2.5, previous=0.05)
+
+
+def test_a_slow_iteration_after_a_fast_one_stops_before_the_next():
+    """Measured on a training step whose gradients are all-reduced over the wrong group: 0.5 s,
+    then 8.3 s while growing fourfold, then past 14 GiB in the next. A first iteration has no
+    pace to go by."""
+    session = EgglogSession(limits=WindowLimits(seconds=60.0))
+    with pytest.raises(WindowLimitExceeded, match="16.9x longer each"):
+        session._refuse_runaway(before=61_291, nodes=257_075, took=8.3, spent=0.7, previous=0.49)
+    session._refuse_runaway(before=0, nodes=257_075, took=8.3, spent=0.0, previous=0.0)
+
+
+def test_a_limit_on_a_planted_bug_whose_numbers_differ_is_a_discrepancy_where_it_stopped():
+    """Every op before the one whose window gave no answer is proven, and the numbers show the
+    ranks do not compute the reference: the run is a discrepancy at that op. Without the
+    numbers it stays unknown."""
+    config = _limited(experiment("llama-tiny", "llama", 2, bug="missing-allreduce"), 200)
+    report = scalify.verify(config, numeric=True)
+    assert report.verdict == "discrepancy" and report.numeric["agrees"] is False
+    first = report.discrepancies[0]
+    assert "past 200 e-nodes" in first.hint and "the numbers differ" in first.hint
+    assert report.unknown and first.ref_source.file in report.unknown[0]
+    assert exit_code(report) == 1
+    assert scalify.verify(config, numeric=False).verdict == "unknown"

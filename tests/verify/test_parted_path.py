@@ -225,3 +225,67 @@ def test_weights_cut_by_strided_rows_name_the_cut():
     lines, start = inspect.getsourcelines(CutInCode.forward)
     cut_line = start + next(i for i, text in enumerate(lines) if "::WORLD]" in text)
     assert (inspect.getsourcefile(CutInCode), cut_line) in report.discrepancies[0].lines()
+
+
+_TP_GROUP = None  # set by `_grid_groups`, read by `GatheredNorm`
+
+
+def _grid_groups(columns: bool) -> None:
+    """Ranks [[0, 1], [2, 3]]: tensor-parallel groups are the rows (or, wrongly, the columns)."""
+    global _TP_GROUP
+    grid, rank = [[0, 1], [2, 3]], dist.get_rank()
+    rows = [dist.new_group(row) for row in grid]
+    cols = [dist.new_group([grid[0][j], grid[1][j]]) for j in range(2)]
+    if columns:
+        _TP_GROUP = cols[rank % 2]
+    else:
+        _TP_GROUP = rows[rank // 2]
+
+
+class Norm(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(HIDDEN, HIDDEN, bias=False)
+
+    def forward(self, x):
+        return self.proj(x).pow(2).sum(-1)
+
+
+class GatheredNorm(Norm):
+    """Column-parallel projection over a tensor-parallel pair, gathered, then the norm."""
+
+    def __init__(self, columns: bool) -> None:
+        super().__init__()
+        _grid_groups(columns)
+        self.proj = nn.Linear(HIDDEN, HIDDEN // 2, bias=False)
+
+    def forward(self, x):
+        parts = [torch.empty(x.shape[0], HIDDEN // 2) for _ in range(2)]
+        dist.all_gather(parts, self.proj(x), group=_TP_GROUP)
+        return torch.cat(parts, dim=-1).pow(2).sum(-1)
+
+
+def _pairs(state, rank, world_size):
+    return {"proj.weight": state["proj.weight"].chunk(2)[rank % 2].clone()}
+
+
+def _gathered(columns: bool):
+    return scalify.verify_modules(
+        reference=Norm(), rank_module_factory=lambda rank: GatheredNorm(columns), world_size=4,
+        example_inputs={"x": torch.randn(3, HIDDEN)}, shard_fn=_pairs,
+        output_placements=[scalify.Replicate()])
+
+
+def test_a_gather_over_the_tensor_parallel_pairs_verifies():
+    assert _gathered(columns=False).verdict == "verified"
+
+
+def test_a_gather_over_ranks_holding_one_shard_names_where_its_group_was_chosen():
+    """The gathered value is related (the reference's halves are parts of rank 0's and rank 1's
+    gathers), but each rank's gather holds one half twice: the op that reads all of it fails,
+    and the report follows the gather back to the line that chose its group."""
+    report = _gathered(columns=True)
+    assert report.verdict == "discrepancy"
+    lines, start = inspect.getsourcelines(_grid_groups)
+    chosen = start + next(i for i, text in enumerate(lines) if "cols[rank % 2]" in text)
+    assert (inspect.getsourcefile(_grid_groups), chosen) in report.discrepancies[0].lines()

@@ -5,7 +5,9 @@ them; a report that names only the op's line misses a bug in the arithmetic that
 Read from the source (one step back, not through calls): for a local name, the assignments that
 can reach the line (the last one above it, and those later in a loop around it); for a global,
 its module-level assignments and those under `global`; for `obj.attr` (or `getattr(obj, "attr")`),
-every assignment to an attribute of that name in the file (`setattr` with its name too). A list
+every assignment to an attribute of that name in the file (`setattr` with its name too), and
+where one assigns a parameter of its function (a constructor keeping its argument), the
+arguments the file's calls pass for it and where the attributes they read were set. A list
 of tensors read on the line names the lines that built it and, for the attributes those lines
 read, where they were set: which tensors it holds (gradients chosen by a tag on their
 parameters). The tests of the `if`s and `while`s around the line count too: they decided that
@@ -42,6 +44,7 @@ def value_sources(frame: FrameType) -> tuple[str, ...]:
         elif (isinstance(read, ast.Attribute) and isinstance(read.value, ast.Name)
               and _is_scalar(_attribute(_local_or_global(frame, read.value.id), read.attr))):
             found.update(_attribute_definitions(filename, read.attr))
+            found.update(_passed_to_attribute(filename, read.attr))
     found.update(_governing_conditions(filename, line))
     found.discard(line)
     return tuple(f"{filename}:{number}" for number in sorted(found))
@@ -90,12 +93,27 @@ Function = ast.FunctionDef | ast.AsyncFunctionDef
 
 
 def _line_reads(filename: str, line: int) -> tuple[Function | None, tuple[ast.expr, ...]]:
-    """The function holding `line` of `filename` and the names and attributes read there."""
+    """The function holding `line` of `filename` and the names and attributes read there, on
+    every line of the simple statement that starts there (a call's arguments on the lines
+    below it: `group=` of a collective written over two lines)."""
     innermost = None
     for function in _functions(filename):  # outer functions first
         if function.lineno <= line <= (function.end_lineno or function.lineno):
             innermost = function
-    return innermost, _reads_by_line(filename, innermost.lineno if innermost else 0).get(line, ())
+    reads = _reads_by_line(filename, innermost.lineno if innermost else 0)
+    return innermost, tuple(read for number in range(line, _statement_end(filename, line) + 1)
+                            for read in reads.get(number, ()))
+
+
+_COMPOUND = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.If, ast.For, ast.AsyncFor,
+             ast.While, ast.With, ast.AsyncWith, ast.Try, ast.Match)
+
+
+@lru_cache(maxsize=1 << 14)
+def _statement_end(filename: str, line: int) -> int:
+    """The last line of the simple statement that starts on `line` (`line` for any other)."""
+    return max((s.end_lineno or line for s in _all_statements(filename)
+                if s.lineno == line and not isinstance(s, _COMPOUND)), default=line)
 
 
 @lru_cache(maxsize=256)
@@ -252,3 +270,83 @@ def _attribute_definitions(filename: str, attribute: str) -> tuple[int, ...]:
                    for target in targets for part in ast.walk(target)):
                 lines.append(node.lineno)
     return tuple(lines)
+
+
+@lru_cache(maxsize=1 << 12)
+def _passed_to_attribute(filename: str, attribute: str) -> tuple[int, ...]:
+    """For each assignment of `attribute` from a parameter of its function, the lines of the
+    arguments the file's calls of that function pass for the parameter, and the lines that set
+    the attributes those arguments read (`self.scale = scale`, built as `Attention(...,
+    self.scaling)`: where `self.scaling` was computed)."""
+    lines: list[int] = []
+    for function, parameter in _parameters_assigned(filename, attribute):
+        for argument in _arguments_for(filename, function, parameter):
+            lines.append(argument.lineno)
+            lines.extend(number for node in ast.walk(argument)
+                         if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load)
+                         for number in _attribute_definitions(filename, node.attr))
+    return tuple(dict.fromkeys(lines))
+
+
+def _parameters_assigned(filename: str, attribute: str) -> list[tuple[Function, str]]:
+    """(function, parameter) for each assignment of `attribute` in a function whose value (the
+    element of a tuple assigned to it) is one of the function's parameters."""
+    found = []
+    for function in _functions(filename):
+        parameters = {arg.arg for arg in (*function.args.posonlyargs, *function.args.args,
+                                          *function.args.kwonlyargs)}
+        for statement in _statements(function):
+            if not isinstance(statement, ast.Assign):
+                continue
+            for target in statement.targets:
+                value = _assigned_value(target, statement.value, attribute)
+                if isinstance(value, ast.Name) and value.id in parameters:
+                    found.append((function, value.id))
+    return found
+
+
+def _assigned_value(target: ast.expr, value: ast.expr, attribute: str) -> ast.expr | None:
+    """The part of `value` that `target` assigns to an attribute named `attribute`."""
+    if isinstance(target, ast.Attribute):
+        return value if target.attr == attribute else None
+    if (isinstance(target, (ast.Tuple, ast.List)) and isinstance(value, (ast.Tuple, ast.List))
+            and len(target.elts) == len(value.elts)):
+        for part, element in zip(target.elts, value.elts):
+            found = _assigned_value(part, element, attribute)
+            if found is not None:
+                return found
+    return None
+
+
+def _arguments_for(filename: str, function: Function, parameter: str) -> list[ast.expr]:
+    """The expressions the file's calls of `function` pass for `parameter`: calls by its name
+    (`f(...)`, `obj.f(...)`), or by its class's name for an `__init__`."""
+    names = [arg.arg for arg in (*function.args.posonlyargs, *function.args.args)]
+    called = function.name
+    if function.name == "__init__":
+        called = next((c.name for c in _classes(filename) if function in c.body), "")
+    if names and names[0] in ("self", "cls"):
+        names = names[1:]
+    found = []
+    for call in _calls(filename):
+        callee = call.func
+        name = callee.id if isinstance(callee, ast.Name) else (
+            callee.attr if isinstance(callee, ast.Attribute) else None)
+        if not called or name != called:
+            continue
+        found += [keyword.value for keyword in call.keywords if keyword.arg == parameter]
+        if parameter in names and names.index(parameter) < len(call.args):
+            argument = call.args[names.index(parameter)]
+            if not isinstance(argument, ast.Starred):
+                found.append(argument)
+    return found
+
+
+@lru_cache(maxsize=256)
+def _classes(filename: str) -> tuple[ast.ClassDef, ...]:
+    return tuple(s for s in _all_statements(filename) if isinstance(s, ast.ClassDef))
+
+
+@lru_cache(maxsize=256)
+def _calls(filename: str) -> tuple[ast.Call, ...]:
+    return tuple(node for node in ast.walk(_module_tree(filename)) if isinstance(node, ast.Call))

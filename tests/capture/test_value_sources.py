@@ -44,6 +44,42 @@ class _Scaled:
         return _here(x * self.weight * self.scale)
 
 
+class _Kept:
+    """Keeps the factor it is built with (as an attention module keeps its scale)."""
+
+    def __init__(self, width: int, factor: float) -> None:
+        self.width, self.factor = width, factor  # factor kept
+
+    def forward(self, x: torch.Tensor) -> tuple[str, ...]:
+        return _here(x * self.factor)
+
+
+class _Owner:
+    def __init__(self, heads: int) -> None:
+        self.scaling = heads ** -0.5  # scaling computed
+        self.inner = _Kept(2,
+                           self.scaling)  # scaling passed
+
+
+def test_an_attribute_kept_from_a_parameter_names_the_arguments_passed_for_it():
+    """One step further back through the constructor: where the caller computed the scale."""
+    assert _Owner(4).inner.forward(torch.ones(2)) == tuple(sorted(
+        (_line("factor kept"), _line("scaling computed"), _line("scaling passed")), key=lambda place: int(place.rpartition(":")[2])))
+
+
+class _Spread:
+    def __init__(self) -> None:
+        self.offset = 1  # offset kept
+
+    def forward(self, x: torch.Tensor) -> tuple[str, ...]:
+        return _here(x.narrow(0,
+                              self.offset, 1))
+
+
+def test_a_call_over_two_lines_names_what_its_second_line_reads():
+    assert _Spread().forward(torch.ones(2)) == (_line("offset kept"),)
+
+
 def test_an_offset_names_its_assignments_that_reach_the_line():
     assert _copy_back(torch.zeros(8), [3, 5]) == (_line("offset starts"), _line("size set"),
                                                   _line("offset moves"))

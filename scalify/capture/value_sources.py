@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 _SCALARS = (int, float, bool, str, dist.ProcessGroup)
 
@@ -34,10 +35,15 @@ def value_sources(frame: FrameType) -> tuple[str, ...]:
     found: set[int] = set()
     for read in _line_reads(filename, line)[1]:
         value = _local_or_global(frame, read.id) if isinstance(read, ast.Name) else None
-        if isinstance(read, ast.Name) and (_is_scalar(value) or _tensors(value)):
-            local = read.id in frame.f_code.co_varnames
+        local = isinstance(read, ast.Name) and read.id in frame.f_code.co_varnames
+        if isinstance(read, ast.Name) and (_is_scalar(value) or _tensors(value) or (
+                local and (value is None or isinstance(value, nn.Parameter)))):  # a parameter
+            # (or none) chosen in Python: where it was chosen
             built = _name_definitions(filename, line, read.id, local)
             found.update(built)
+            function = _line_reads(filename, line)[0]
+            if local and function is not None and function.lineno in built:  # as passed in
+                found.update(_passed_to_parameter(filename, function.lineno, read.id))
             if _tensors(value):  # which tensors the list holds: what its lines read of them
                 found.update(number for at in built
                              for number in _read_attribute_definitions(filename, at))
@@ -278,13 +284,27 @@ def _passed_to_attribute(filename: str, attribute: str) -> tuple[int, ...]:
     arguments the file's calls of that function pass for the parameter, and the lines that set
     the attributes those arguments read (`self.scale = scale`, built as `Attention(...,
     self.scaling)`: where `self.scaling` was computed)."""
+    return tuple(dict.fromkeys(number for function, parameter in _parameters_assigned(
+        filename, attribute) for number in _passed_to_parameter(filename, function.lineno,
+                                                                parameter)))
+
+
+@lru_cache(maxsize=1 << 12)
+def _passed_to_parameter(filename: str, function_line: int, parameter: str) -> tuple[int, ...]:
+    """The lines of the arguments the file's calls pass for `parameter` of the function defined
+    at `function_line`, and where what they read was set: the attributes' assignments, and
+    the caller's assignments of its locals that reach the call."""
+    function = next(f for f in _functions(filename) if f.lineno == function_line)
     lines: list[int] = []
-    for function, parameter in _parameters_assigned(filename, attribute):
-        for argument in _arguments_for(filename, function, parameter):
-            lines.append(argument.lineno)
-            lines.extend(number for node in ast.walk(argument)
-                         if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load)
-                         for number in _attribute_definitions(filename, node.attr))
+    for argument in _arguments_for(filename, function, parameter):
+        lines.append(argument.lineno)
+        caller = _line_reads(filename, argument.lineno)[0]
+        for node in ast.walk(argument):
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+                lines.extend(_attribute_definitions(filename, node.attr))
+            elif (isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)
+                  and caller is not None and _stores(caller, node.id)):
+                lines.extend(_reaching(caller, node.id, argument.lineno))
     return tuple(dict.fromkeys(lines))
 
 

@@ -80,6 +80,27 @@ def test_a_call_over_two_lines_names_what_its_second_line_reads():
     assert _Spread().forward(torch.ones(2)) == (_line("offset kept"),)
 
 
+def _apply(x: torch.Tensor, bias: nn.Parameter | None) -> tuple[str, ...]:  # bias taken
+    return _here(x if bias is None else x + bias)
+
+
+class _Biased(nn.Module):
+    def __init__(self, owns_bias: bool) -> None:
+        super().__init__()
+        self.bias, self.owns_bias = nn.Parameter(torch.ones(2)), owns_bias
+
+    def forward(self, x: torch.Tensor) -> tuple[str, ...]:
+        bias = self.bias if self.owns_bias else None  # bias chosen
+        return _apply(x, bias=bias)  # bias passed
+
+
+def test_a_parameter_or_none_passed_in_names_where_the_caller_chose_it():
+    """Which rank adds a bias is a Python choice the graph holds no node for."""
+    expected = (_line("bias taken"), _line("bias chosen"), _line("bias passed"))
+    assert _Biased(True)(torch.ones(2)) == expected
+    assert _Biased(False)(torch.ones(2)) == expected
+
+
 def test_an_offset_names_its_assignments_that_reach_the_line():
     assert _copy_back(torch.zeros(8), [3, 5]) == (_line("offset starts"), _line("size set"),
                                                   _line("offset moves"))

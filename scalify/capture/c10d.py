@@ -21,7 +21,13 @@ _REDUCTIONS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg", dist.ReduceOp
                dist.ReduceOp.MIN: "min"}
 
 
-def _ranks(group: Any) -> tuple[int, ...]:
+def is_group(arg: Any) -> bool:
+    """Whether a c10d op's argument is its process group (a script object, as its reduce op is)."""
+    return isinstance(arg, torch.ScriptObject) and "ProcessGroup" in arg._type().qualified_name()
+
+
+def group_ranks(group: Any) -> tuple[int, ...]:
+    """The global ranks of a c10d op's process group (a script object)."""
     return tuple(dist.get_process_group_ranks(dist.ProcessGroup.unbox(group)))
 
 
@@ -43,18 +49,18 @@ def _reduced(b: GraphBuilder, x: Ref, reduce: str, ranks: tuple[int, ...]) -> Re
 
 def _allreduce(b: GraphBuilder, args: tuple, ref: Callable) -> Rebind:
     (tensor,), group, op = args[:3]
-    return [(tensor, _reduced(b, ref(tensor), _reduction(op), _ranks(group)))]
+    return [(tensor, _reduced(b, ref(tensor), _reduction(op), group_ranks(group)))]
 
 
 def _allgather_base(b: GraphBuilder, args: tuple, ref: Callable) -> Rebind:
     output, source, group = args[:3]
-    return [(output, _all_gather(b, "all_gather", [ref(source), None, _ranks(group)], {}, output))]
+    return [(output, _all_gather(b, "all_gather", [ref(source), None, group_ranks(group)], {}, output))]
 
 
 def _allgather(b: GraphBuilder, args: tuple, ref: Callable) -> Rebind:
     """Into a list: one all_gather, then each member's block."""
     (outputs,), (source,), group = args[:3]
-    gathered = _gathered(b, ref(source), _ranks(group))
+    gathered = _gathered(b, ref(source), group_ranks(group))
     rows = source.shape[0]
     return [(output, b.emit("slice", [gathered], dim=0, start=k * rows, end=(k + 1) * rows))
             for k, output in enumerate(outputs)]
@@ -67,13 +73,13 @@ def _gathered(b: GraphBuilder, x: Ref, ranks: tuple[int, ...]) -> Ref:
 
 def _reduce_scatter_base(b: GraphBuilder, args: tuple, ref: Callable) -> Rebind:
     output, source, group, op = args[:4]
-    return [(output, _scattered(b, ref(source), output, _reduction(op), _ranks(group)))]
+    return [(output, _scattered(b, ref(source), output, _reduction(op), group_ranks(group)))]
 
 
 def _reduce_scatter_list(b: GraphBuilder, args: tuple, ref: Callable) -> Rebind:
     (output,), (sources,), group, op = args[:4]
     stacked = b.concat([ref(source) for source in sources], 0)
-    return [(output, _scattered(b, stacked, output, _reduction(op), _ranks(group)))]
+    return [(output, _scattered(b, stacked, output, _reduction(op), group_ranks(group)))]
 
 
 def _scattered(b: GraphBuilder, x: Ref, output: torch.Tensor, reduce: str,
@@ -87,7 +93,7 @@ def _scattered(b: GraphBuilder, x: Ref, output: torch.Tensor, reduce: str,
 def _alltoall_base(b: GraphBuilder, args: tuple, ref: Callable) -> Rebind:
     output, source, group, output_splits, input_splits = args[:5]
     return [(output, _all_to_all(b, "all_to_all", [ref(source), list(output_splits),
-                                                    list(input_splits), _ranks(group)], {}, output))]
+                                                    list(input_splits), group_ranks(group)], {}, output))]
 
 
 def _broadcast(b: GraphBuilder, args: tuple, ref: Callable) -> Rebind:
@@ -96,7 +102,7 @@ def _broadcast(b: GraphBuilder, args: tuple, ref: Callable) -> Rebind:
     x = ref(tensor)
     flat = _as_rows(b, x)
     rows = flat.shape[0]
-    block = b.emit("slice", [_gathered(b, flat, _ranks(group))], dim=0, start=root * rows,
+    block = b.emit("slice", [_gathered(b, flat, group_ranks(group))], dim=0, start=root * rows,
                    end=(root + 1) * rows)
     return [(tensor, b.emit("squeeze", [block], dim=0) if not x.shape else block)]
 
@@ -105,7 +111,7 @@ def _scatter(b: GraphBuilder, args: tuple, ref: Callable) -> Rebind:
     """The root's list, one tensor per member: every member gathers the root's list stacked
     (the others give zeros of its shape) and keeps its own block of the root's."""
     (output,), sources, group, root = args[:4]
-    ranks, rows = _ranks(group), (output.shape[0] if output.dim() else 1)
+    ranks, rows = group_ranks(group), (output.shape[0] if output.dim() else 1)
     if sources and sources[0]:
         stacked = b.concat([_as_rows(b, ref(t)) for t in sources[0]], 0)
     else:
@@ -121,7 +127,7 @@ def _gather(b: GraphBuilder, args: tuple, ref: Callable) -> Rebind:
     """Every member's tensor on the root: the root's blocks of an all_gather (the others
     receive nothing)."""
     outputs, (source,), group = args[:3]
-    gathered = _gathered(b, _as_rows(b, ref(source)), _ranks(group))
+    gathered = _gathered(b, _as_rows(b, ref(source)), group_ranks(group))
     rows = source.shape[0] if source.dim() else 1
     blocks = [b.emit("slice", [gathered], dim=0, start=k * rows, end=(k + 1) * rows)
               for k in range(len(outputs[0]) if outputs else 0)]

@@ -15,6 +15,7 @@ from ..errors import CaptureError
 from ..ir.graph import Graph
 from .as_gpu import as_gpu, capture_device
 from .dtensor import clear_sharding_caches
+from .group_origins import GroupOrigins
 from .tracer import capture
 
 RankModuleFactory = Callable[[int], torch.nn.Module]
@@ -44,10 +45,12 @@ def capture_rank(factory: RankModuleFactory, rank: int, world_size: int,
     """Build rank `rank`'s module inside its fake process group and capture one call (with
     autograd on when `grad`)."""
     clear_sharding_caches()
-    with fake_process_group(rank, world_size):
+    origins = GroupOrigins()
+    with fake_process_group(rank, world_size), origins.recording():
         with as_gpu(capture_device(inputs)):  # modules written for GPUs build on this device
             module = factory(rank)
-        return capture(module, lambda: call(module, inputs), inputs, _group_ranks, grad)
+        return capture(module, lambda: call(module, inputs), inputs, _group_ranks, grad,
+                       origins.of)
 
 
 def capture_ranks(factory: RankModuleFactory, world_size: int,

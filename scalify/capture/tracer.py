@@ -162,11 +162,13 @@ class _Recorder(TorchDispatchMode):
     """Lowers each dispatched op into the builder and remembers which node holds each tensor."""
 
     def __init__(self, builder: GraphBuilder, sources: SourceTracker,
-                 group_ranks: Callable[[str], tuple[int, ...]]) -> None:
+                 group_ranks: Callable[[str], tuple[int, ...]],
+                 group_origins: Callable[[tuple[int, ...]], tuple[str, ...]]) -> None:
         super().__init__()
         self.builder = builder
         self.sources = sources
         self.group_ranks = group_ranks
+        self.group_origins = group_origins
         self.passed_on = PassedOn(builder.graph, lambda filename: not (
             _outside_user_code(filename) or _scalify_own(filename)), _scalify_own)
         # id -> (tensor, its node, when it was bound): a view read after its base was bound
@@ -288,6 +290,7 @@ class _Recorder(TorchDispatchMode):
         if func.namespace == "_c10d_functional" and name in _COLLECTIVE_GROUP_ARG:
             index = _COLLECTIVE_GROUP_ARG[name]
             ref_args[index] = self.group_ranks(ref_args[index])
+            self._over_group(ref_args[index])
         try:
             result = lower(self.builder, name, ref_args, ref_kwargs, out)
         except (CaptureError, ValueError) as error:  # kept opaque: what depends on it is unknown
@@ -352,6 +355,8 @@ class _Recorder(TorchDispatchMode):
         """An in-place c10d collective: rebind the tensors it overwrites to its result (to
         opaque values if it cannot be lowered)."""
         self.builder.source = self.sources.current()
+        for group in (a for a in args if c10d.is_group(a)):
+            self._over_group(c10d.group_ranks(group))
         first_new = len(self.builder.graph)
         try:
             lowering = c10d.LOWERINGS.get(func.overloadpacket.__name__)
@@ -369,6 +374,15 @@ class _Recorder(TorchDispatchMode):
             self.bind(tensor, ref)
         for tensor, _ in rebinds:
             self._write_through(tensor)
+
+    def _over_group(self, ranks: tuple[int, ...]) -> None:
+        """The collective being recorded runs over `ranks`: where that group was made is
+        where its ranks came from (group_origins.py)."""
+        made = self.group_origins(ranks)
+        source = self.builder.source
+        if made:
+            self.builder.source = dataclasses.replace(
+                source, values_from=tuple(dict.fromkeys((*source.values_from, *made))))
 
     def _buffers_written(self, rebinds: list[tuple[torch.Tensor, Ref]], first_new: int) -> None:
         """A collective wrote its result into buffers it does not read (an all_gather into a
@@ -528,7 +542,9 @@ def _built_buffers(module: torch.nn.Module) -> set[str]:
 
 def capture(module: torch.nn.Module, call: Callable[[], Any], inputs: dict[str, torch.Tensor],
             group_ranks: Callable[[str], tuple[int, ...]] = lambda name: (),
-            grad: bool = False) -> Graph:
+            grad: bool = False,
+            group_origins: Callable[[tuple[int, ...]], tuple[str, ...]] = lambda ranks: ()
+            ) -> Graph:
     """Run `call()` (which runs `module` on `inputs`) and return the core-IR graph it executed.
 
     Parameters, buffers and inputs become placeholders named as in `named_parameters()`,
@@ -537,7 +553,7 @@ def capture(module: torch.nn.Module, call: Callable[[], Any], inputs: dict[str, 
     """
     builder = GraphBuilder()
     sources = SourceTracker(_module_names(module))
-    recorder = _Recorder(builder, sources, group_ranks)
+    recorder = _Recorder(builder, sources, group_ranks, group_origins)
     leaves = [("param", n, t) for n, t in module.named_parameters()]
     built = _built_buffers(module)
     leaves += [("buffer", n, t) for n, t in module.named_buffers() if n not in built]

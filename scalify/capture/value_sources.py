@@ -240,6 +240,10 @@ def _reaching(function: ast.AST, name: str, line: int) -> list[int]:
     stores = _stores(function, name)
     above = [statement.lineno for statement in stores if statement.lineno < line]
     found = [max(above)] if above else [function.lineno]
+    rebound = next((s for s in stores if s.lineno == found[0] and isinstance(s, ast.Assign)), None)
+    if rebound is not None and any(isinstance(node, ast.Name) and node.id == name
+                                   for node in ast.walk(rebound.value)):
+        found += _reaching(function, name, rebound.lineno)  # `x = f(x)`: one computation
     for loop in ast.walk(function):
         if (isinstance(loop, (ast.For, ast.AsyncFor, ast.While))
                 and loop.lineno <= line <= (loop.end_lineno or loop.lineno)):
@@ -370,3 +374,44 @@ def _classes(filename: str) -> tuple[ast.ClassDef, ...]:
 @lru_cache(maxsize=256)
 def _calls(filename: str) -> tuple[ast.Call, ...]:
     return tuple(node for node in ast.walk(_module_tree(filename)) if isinstance(node, ast.Call))
+
+
+def made_at(frame: FrameType) -> tuple[str, ...]:
+    """Where the value a call on `frame`'s line makes came from (a process group's ranks): the
+    line, what it reads (`value_sources`), and for those of its lines that compute a value by
+    calling a function of the file, that function's `return` lines (a rank grid's groups)."""
+    filename = frame.f_code.co_filename
+    read = value_sources(frame)
+    further = {number for place in read for number in _one_step_further(
+        filename, int(place.rpartition(":")[2]))}
+    return tuple(dict.fromkeys((f"{filename}:{frame.f_lineno}", *read,
+                                *(f"{filename}:{number}" for number in sorted(further)))))
+
+
+@lru_cache(maxsize=1 << 12)
+def _one_step_further(filename: str, line: int) -> tuple[int, ...]:
+    """What the statement on `line` computed its value from, where no frame tells the values:
+    the `return` lines of the file's functions it calls, and for the parameters of its
+    function it reads, the arguments the callers pass."""
+    function, reads = _line_reads(filename, line)
+    parameters = {arg.arg for arg in function.args.args} if function is not None else set()
+    passed = [number for read in reads if isinstance(read, ast.Name) and read.id in parameters
+              for number in _passed_to_parameter(filename, function.lineno, read.id)]
+    return (*_returns_called(filename, line), *passed)
+
+
+@lru_cache(maxsize=1 << 12)
+def _returns_called(filename: str, line: int) -> tuple[int, ...]:
+    """The `return` lines of the file's functions that the statement on `line` calls by name."""
+    if _module_tree(filename) is None:
+        return ()
+    called = set()
+    for statement in _all_statements(filename):
+        if statement.lineno == line:
+            header = ([statement.iter] if isinstance(statement, (ast.For, ast.AsyncFor))
+                      else [] if isinstance(statement, _COMPOUND) else [statement])
+            called |= {node.func.id if isinstance(node.func, ast.Name) else node.func.attr
+                       for part in header for node in ast.walk(part) if isinstance(node, ast.Call)
+                       and isinstance(node.func, (ast.Name, ast.Attribute))}
+    return tuple(node.lineno for function in _functions(filename) if function.name in called
+                 for node in ast.walk(function) if isinstance(node, ast.Return))

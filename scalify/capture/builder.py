@@ -66,14 +66,21 @@ class GraphBuilder:
     # Shape helpers: express framework reshapes/broadcasts with size-free core movement ops.
 
     def broadcast(self, ref: Ref, shape: tuple[int, ...]) -> Ref:
-        """Make broadcasting explicit: leading unsqueezes, then one expand per stretched dim."""
-        while len(ref.shape) < len(shape):
+        """Make broadcasting explicit: leading unsqueezes, then one expand per stretched dim;
+        the new leading dims of size 1 come last, as unsqueezes of the expanded value (a bias
+        over `[s, 1, h]` is the bias over the `[s, h]` rows with a unit dim, as a reference
+        that adds it to squeezed rows holds it)."""
+        unit = [dim for dim in range(len(shape) - len(ref.shape)) if shape[dim] == 1]
+        stretched = tuple(size for dim, size in enumerate(shape) if dim not in unit)
+        while len(ref.shape) < len(stretched):
             ref = self.emit("unsqueeze", [ref], dim=0)
-        for dim, (have, want) in enumerate(zip(ref.shape, shape)):
+        for dim, (have, want) in enumerate(zip(ref.shape, stretched)):
             if have != want:
                 if have != 1:
                     raise ValueError(f"cannot broadcast {ref.shape} to {shape}")
                 ref = self.emit("expand", [ref], dim=dim, size=want)
+        for dim in unit:
+            ref = self.emit("unsqueeze", [ref], dim=dim)
         return ref
 
     def reshape(self, ref: Ref, shape: tuple[int, ...]) -> Ref:

@@ -67,10 +67,12 @@ class GraphBuilder:
 
     def broadcast(self, ref: Ref, shape: tuple[int, ...]) -> Ref:
         """Make broadcasting explicit: leading unsqueezes, then one expand per stretched dim;
-        the new leading dims of size 1 come last, as unsqueezes of the expanded value (a bias
-        over `[s, 1, h]` is the bias over the `[s, h]` rows with a unit dim, as a reference
-        that adds it to squeezed rows holds it)."""
-        unit = [dim for dim in range(len(shape) - len(ref.shape)) if shape[dim] == 1]
+        a new dim of size 1 behind a stretched one comes last, as an unsqueeze of the expanded
+        value (a bias over `[s, 1, h]` is the bias over the `[s, h]` rows with a unit dim, as a
+        reference that adds it to squeezed rows holds it; a leading `[1, s, h]` keeps its
+        unit dim in front, where a sequence split along the next dim finds it)."""
+        unit = [dim for dim in range(len(shape) - len(ref.shape))
+                if shape[dim] == 1 and any(size != 1 for size in shape[:dim])]
         stretched = tuple(size for dim, size in enumerate(shape) if dim not in unit)
         while len(ref.shape) < len(stretched):
             ref = self.emit("unsqueeze", [ref], dim=0)

@@ -47,6 +47,8 @@ def value_sources(frame: FrameType) -> tuple[str, ...]:
             if _tensors(value):  # which tensors the list holds: what its lines read of them
                 found.update(number for at in built
                              for number in _read_attribute_definitions(filename, at))
+        elif local and isinstance(value, torch.Tensor):  # a tensor taken from a list by a loop
+            found.update(_looped_over(frame, filename, line, read.id))
         elif (isinstance(read, ast.Attribute) and isinstance(read.value, ast.Name)
               and _is_scalar(_attribute(_local_or_global(frame, read.value.id), read.attr))):
             found.update(_attribute_definitions(filename, read.attr))
@@ -54,6 +56,24 @@ def value_sources(frame: FrameType) -> tuple[str, ...]:
     found.update(_governing_conditions(filename, line))
     found.discard(line)
     return tuple(f"{filename}:{number}" for number in sorted(found))
+
+
+def _looped_over(frame: FrameType, filename: str, line: int, name: str) -> set[int]:
+    """For a loop variable `name` (`for grad in grads:`), the sources of the list of tensors it
+    runs over: where that list was built, or what the callers passed for it."""
+    function = _line_reads(filename, line)[0]
+    if function is None:
+        return set()
+    found: set[int] = set()
+    for loop in _statements(function):
+        if (isinstance(loop, (ast.For, ast.AsyncFor)) and loop.lineno in _reaching(
+                function, name, line) and isinstance(loop.iter, ast.Name)
+                and _tensors(frame.f_locals.get(loop.iter.id))):
+            built = _name_definitions(filename, loop.lineno, loop.iter.id, True)
+            found.update(built)
+            if function.lineno in built:
+                found.update(_passed_to_parameter(filename, function.lineno, loop.iter.id))
+    return found
 
 
 def _tensors(value: Any) -> bool:
@@ -206,7 +226,15 @@ def _statements(scope: ast.AST) -> list[ast.stmt]:
     return body
 
 
+_LIST_BUILDS = ("append", "extend", "insert")
+
+
 def _bound_names(statement: ast.stmt) -> set[str]:
+    """The names a statement binds, and the list a `name.append(...)` (or extend, insert)
+    adds to: which tensors a list holds is decided there."""
+    built = _list_built(statement)
+    if built is not None:
+        return {built}
     if isinstance(statement, ast.Assign):
         targets = statement.targets
     elif isinstance(statement, (ast.AugAssign, ast.AnnAssign, ast.For, ast.AsyncFor)):
@@ -219,13 +247,30 @@ def _bound_names(statement: ast.stmt) -> set[str]:
             if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
 
 
+def _list_built(statement: ast.stmt) -> str | None:
+    """`name` for a statement `name.append(...)` (or extend, insert), else None."""
+    call = statement.value if isinstance(statement, ast.Expr) else None
+    if (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+            and call.func.attr in _LIST_BUILDS and isinstance(call.func.value, ast.Name)):
+        return call.func.value.id
+    return None
+
+
+def _with_their_conditions(filename: str, lines: list[int]) -> list[int]:
+    """`lines`, and for those that add to a list, the `if`s that decided they ran (a gradient
+    counted on the wrong ranks)."""
+    builds = {s.lineno for s in _all_statements(filename) if _list_built(s) is not None}
+    return [*lines, *(number for line in lines if line in builds
+                      for number in _governing_conditions(filename, line))]
+
+
 @lru_cache(maxsize=1 << 14)
 def _name_definitions(filename: str, line: int, name: str, local: bool) -> tuple[int, ...]:
     """Where `name`, read on `line`, was assigned: a local's reaching assignments, or a
     global's assignments at module level and under `global` statements."""
     tree, function = _module_tree(filename), _line_reads(filename, line)[0]
     if function is not None and local:
-        return tuple(_reaching(function, name, line))
+        return tuple(_with_their_conditions(filename, _reaching(function, name, line)))
     lines = [statement.lineno for statement in _stores(tree, name)]
     for scope in _functions(filename):
         if any(isinstance(statement, ast.Global) and name in statement.names
@@ -308,7 +353,8 @@ def _passed_to_parameter(filename: str, function_line: int, parameter: str) -> t
                 lines.extend(_attribute_definitions(filename, node.attr))
             elif (isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)
                   and caller is not None and _stores(caller, node.id)):
-                lines.extend(_reaching(caller, node.id, argument.lineno))
+                lines.extend(_with_their_conditions(
+                    filename, _reaching(caller, node.id, argument.lineno)))
     return tuple(dict.fromkeys(lines))
 
 

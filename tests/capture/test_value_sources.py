@@ -101,6 +101,28 @@ def test_a_parameter_or_none_passed_in_names_where_the_caller_chose_it():
     assert _Biased(False)(torch.ones(2)) == expected
 
 
+def _norm_of(grads_for_norm: list[torch.Tensor]) -> tuple[str, ...]:
+    read = ()
+    for grad in grads_for_norm:
+        read = _here(grad.norm())
+    return read
+
+
+def _chosen_norm(grads: list[torch.Tensor], counted_here: list[bool]) -> tuple[str, ...]:
+    chosen = []
+    for grad, counted in zip(grads, counted_here):
+        if counted:  # the choice
+            chosen.append(grad)  # chosen added
+    return _norm_of(chosen)  # chosen passed
+
+
+def test_a_tensor_a_loop_takes_from_a_list_names_where_the_list_was_filled_and_why():
+    """The gradients a norm counts: the caller's list, the line that added to it and the `if`
+    that decided which."""
+    named = set(_chosen_norm([torch.ones(2), torch.ones(2)], [True, False]))
+    assert {_line("the choice"), _line("chosen added"), _line("chosen passed")} <= named
+
+
 def test_an_offset_names_its_assignments_that_reach_the_line():
     assert _copy_back(torch.zeros(8), [3, 5]) == (_line("offset starts"), _line("size set"),
                                                   _line("offset moves"))

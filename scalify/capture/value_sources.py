@@ -2,7 +2,8 @@
 process group of a collective. These values are not tensors, so the graph holds no node for
 them; a report that names only the op's line misses a bug in the arithmetic that computed them.
 
-Read from the source (one step back, not through calls): for a local name, the assignments that
+Read from the source, a step back (and through the file's calls where a value came in as an
+argument or out of a function of the file): for a local name, the assignments that
 can reach the line (the last one above it, and those later in a loop around it); for a global,
 its module-level assignments and those under `global`; for `obj.attr` (or `getattr(obj, "attr")`),
 every assignment to an attribute of that name in the file (`setattr` with its name too), and
@@ -259,9 +260,14 @@ def _list_built(statement: ast.stmt) -> str | None:
 def _with_their_conditions(filename: str, lines: list[int]) -> list[int]:
     """`lines`, and for those that add to a list, the `if`s that decided they ran (a gradient
     counted on the wrong ranks)."""
-    builds = {s.lineno for s in _all_statements(filename) if _list_built(s) is not None}
+    builds = _list_build_lines(filename)
     return [*lines, *(number for line in lines if line in builds
                       for number in _governing_conditions(filename, line))]
+
+
+@lru_cache(maxsize=256)
+def _list_build_lines(filename: str) -> frozenset[int]:
+    return frozenset(s.lineno for s in _all_statements(filename) if _list_built(s) is not None)
 
 
 @lru_cache(maxsize=1 << 14)

@@ -34,6 +34,7 @@ from .ir.symmetry import symbolic_program
 from .placements import Custom, Placement, Replicate, Shard
 from .report.model import Discrepancy, Report
 from .programs import programs_for
+from .rules import context
 from .verify.numeric import cross_check
 from .verify.relations import even_placements
 from .verify.session import WindowLimits
@@ -203,6 +204,8 @@ def verify_graphs(ref_graph: Graph, rank_graphs: list[Graph], placements: dict[s
     rank_graphs = simplified_ranks(with_broadcasts_resolved(assuming(rank_graphs, assumed),
                                                             replicated))
     options = options or VerifyOptions()
+    if not options.context_parallel and context.needed(ref_graph, rank_graphs):
+        options = replace(options, context_parallel=True)
     # (the numbers run on the programs as written: merged here only when nothing was assumed)
     attempt = _Attempt.of(ref_graph, rank_graphs, placements, options, numeric and not assumed)
     timings["lowering_s"] = time.perf_counter() - start

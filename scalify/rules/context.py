@@ -11,12 +11,23 @@ keys. They run in their own ruleset, only for programs that merge blocks (see `n
 """
 from __future__ import annotations
 
+from ..ir.graph import Graph
 from .base import Rule
 from .examples import concat_parts, tensor
 from .families import BINARY_KEYS
 
 RULESET = "context"
 ROWS = (2, 3)  # examples: [batch, queries, ...]
+
+
+def needed(reference: Graph, ranks: list[Graph]) -> bool:
+    """Whether the ranks merge log-sum-exps the reference never does: a `logaddexp`, or a
+    log-sum-exp in a program whose reference has none (blockwise attention, however it is
+    written: a ring of sends, gathered chunks, a library's context-parallel attention)."""
+    def has(graph: Graph, op: str) -> bool:
+        return any(node.op == op for node in graph)
+    return any(has(graph, "logaddexp") for graph in ranks) or (
+        not has(reference, "logsumexp") and any(has(graph, "logsumexp") for graph in ranks))
 
 
 def _scaled(gen, choice):

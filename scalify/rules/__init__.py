@@ -48,7 +48,8 @@ def prelude(rulesets: Collection[str] = OPTIONAL_RULESETS) -> str:
     rules = [rule.egglog(RULESET) for theory in THEORIES for rule in theory.rules()]
     optional = {PER_RANK_RULESET: [rule.egglog(PER_RANK_RULESET) for rule in movement.per_rank_rules()],
                 ranks.RULESET: [rule.egglog(ranks.RULESET) for rule in rank_rules()] + ranks.fact_rules(),
-                context.RULESET: [rule.egglog(context.RULESET) for rule in context.rules()],
+                context.RULESET: [rule.egglog(context.RULESET) for rule in context.rules()]
+                + list(context.FACT_RULES),
                 INVERSES_RULESET: [rule.egglog(INVERSES_RULESET) for rule in movement.inverse_rules()],
                 INWARD_RULESET: [rule.egglog(INWARD_RULESET) for rule in movement.inward_rules()],
                 SLICE_ORDER_RULESET: [rule.egglog(SLICE_ORDER_RULESET)

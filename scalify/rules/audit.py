@@ -28,7 +28,7 @@ from .base import Rule, check_conditions
 from .examples import tensor
 from .families import BINARY_KEYS, KINDS, UNARY_KEYS, example_traits, share_facts
 from .terms import (DECLARATIONS, App, At, Family, IndexOutOfRange, Term, evaluate, render,
-                    shape_facts)
+                    shape_facts, uniform_literal)
 from .terms import parse as parse_term
 
 RULESET = "audit"
@@ -219,6 +219,14 @@ def _resize(value: Any, axis: int, step: int, gen: torch.Generator) -> Any:
     return _redraw(value, shape, gen)
 
 
+def _one_changed(value: torch.Tensor) -> torch.Tensor:
+    """`value` with its first element changed (flipped, or moved off its value)."""
+    changed = value.clone().reshape(-1)
+    changed[0] = ~changed[0] if value.dtype == torch.bool else (
+        1.5 if not torch.isfinite(changed[0]) else changed[0] + 1)
+    return changed.reshape(value.shape)
+
+
 def _redraw(value: torch.Tensor, shape: list[int], gen: torch.Generator) -> torch.Tensor:
     """Fresh values like `value`'s (same dtype and range) in `shape`."""
     if value.dtype == torch.bool:
@@ -244,6 +252,11 @@ def _swaps(rule: Rule, env: dict[str, Any]) -> list[Variant]:
             found.append(Variant(f"{name} rank-varying", {**env, name: ranks}))
         elif head == "ones" and isinstance(env[name], torch.Tensor):
             found.append(Variant(f"{name} not ones", {**env, name: env[name] + 1}))
+    for text in rule.when:  # a uniform tensor with one element changed
+        term = parse(text)
+        if isinstance(term, App) and term.head == "uniform":
+            name = str(term.args[0]).lstrip("?")
+            found.append(Variant(f"{name} not uniform", {**env, name: _one_changed(env[name])}))
     return found
 
 
@@ -372,6 +385,9 @@ def _facts(rule: Rule, env: dict[str, Any], i: int) -> list[str]:
                 facts.append(f"(inv {leaf})")
                 if value.is_floating_point() and bool((value == 1).all()):
                     facts.append(f"(ones {leaf})")
+                literal = uniform_literal(value)
+                if literal is not None:
+                    facts.append(f'(uniform {leaf} "{literal}")')
     for text in rule.when:
         term = parse(text)
         if term.head == "=" and _equal_tensors(term, env, rule.world):

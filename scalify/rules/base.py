@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 import torch
 
-from .terms import App, At, Family, Term, evaluate, parse
+from .terms import App, At, Family, Term, evaluate, parse, uniform_literal
 
 Example = Callable[[torch.Generator, dict[str, str]], dict[str, Any]]
 
@@ -58,6 +58,9 @@ def _condition(term: Term, env: dict[str, Any], facts: dict[str, set[str]], at: 
     if term.head == "ones":  # every element 1
         value = _value(term.args[0], env, at)
         return isinstance(value, torch.Tensor) and bool((value == 1).all())
+    if term.head == "uniform":  # every element the literal
+        value = _value(term.args[0], env, at)
+        return isinstance(value, torch.Tensor) and uniform_literal(value) == term.args[1]
     if term.head in facts:
         return _value(term.args[0], env, at) in facts[term.head]
     left, right = (_value(a, env, at) for a in term.args)

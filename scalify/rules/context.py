@@ -11,10 +11,14 @@ keys. They run in their own ruleset, only for programs that merge blocks (see `n
 """
 from __future__ import annotations
 
+import math
+
+import torch
+
 from ..ir.graph import Graph
 from .base import Rule
 from .examples import concat_parts, tensor
-from .families import BINARY_KEYS
+from .families import BINARY_KEYS, LINEAR_UNARY_KEYS, POSITIVE_SCALE_KEYS
 
 RULESET = "context"
 ROWS = (2, 3)  # examples: [batch, queries, ...]
@@ -104,6 +108,66 @@ def _associative(head: str, key: str | None) -> list[Rule]:
     ]
 
 
+def _filled(gen, choice):
+    """Rows `a` [2, 3, 1] and tensors `x`, `u` [2, 3, 5]; `m` a mask all true, `c` a fill of
+    -inf like `a`, `z` zeros like `x`; `y` [2, 5, 4] and `w` [2, 5, 6] to multiply with."""
+    return {"a": tensor(gen, *ROWS, 1), "x": tensor(gen, *ROWS, 5), "u": tensor(gen, *ROWS, 5),
+            "m": torch.ones(*ROWS, 5, dtype=torch.bool), "c": torch.full((*ROWS, 1), -math.inf),
+            "z": torch.zeros(*ROWS, 5), "y": tensor(gen, 2, 5, 4), "w": tensor(gen, 2, 5, 4),
+            "d": 2, "r": 3, "f": "-inf", "v": "0.0", **choice}
+
+
+def _blocks_rules() -> list[Rule]:
+    """Blocks no rank computes: key blocks wholly in a query block's future, under a causal
+    mask that is all true there (the mask's blocks are stated uniform by `verify/constants.py`),
+    and a merge started from a log-sum-exp of -inf and an output of zeros. A fill of -inf has
+    exponential zero; the log-sum-exp merge and the sum over blocks drop such a block."""
+    return [
+        Rule("masked-fill-under-true", "(masked_fill x m f)", "(fill x f)", _filled,
+             when=('(uniform m "True")',)),
+        Rule("masked-fill-under-false", "(masked_fill x m f)", "x",
+             lambda gen, c: {**_filled(gen, c), "m": torch.zeros(*ROWS, 5, dtype=torch.bool)},
+             when=('(uniform m "False")',)),
+        Rule("exp-of-neg-inf-fill", '(unary "exp" (fill x "-inf"))', '(fill x "0.0")', _filled),
+        Rule("positive-scale-of-neg-inf-fill", '(unary g (fill x "-inf"))', '(fill x "-inf")',
+             _filled, when=("(positive_scale g)",), families={"g": POSITIVE_SCALE_KEYS}),
+        Rule("logsumexp-of-neg-inf-fill", '(reduce "logsumexp" (fill x "-inf") d)',
+             '(fill (reduce "logsumexp" x d) "-inf")', _filled),
+        Rule("logaddexp-of-neg-inf", '(binary "logaddexp" a c)', "a", _filled,
+             when=('(uniform c "-inf")',)),
+        Rule("matmul-of-zero-fill", '(matmul (fill x "0.0") y r)', '(fill (matmul x y r) "0.0")',
+             _filled),
+        # A fill's value does not depend on its operand's, only on its shape: a fill of a block
+        # no rank computes is a fill of one a rank does.
+        Rule("fill-of-scaling", "(fill (unary g x) f)", "(fill x f)", _filled,
+             when=("(linear_unary g)",), families={"g": LINEAR_UNARY_KEYS}),
+        Rule("fill-of-masked-fill", "(fill (masked_fill x m v) f)", "(fill x f)", _filled),
+        Rule("fill-of-unsqueeze", "(fill (unsqueeze x d) f)", "(unsqueeze (fill x f) d)", _filled),
+        Rule("fill-of-matmul-of-same-columns", "(fill (matmul x y r) f)", "(fill (matmul x w r) f)",
+             lambda gen, c: {**(env := _filled(gen, c)), "t": env["x"] @ env["w"]},
+             when=("(= t (matmul x w r))", "(= (dimsize y (- r 1)) (dimsize w (- r 1)))"),
+             trigger="(fill (matmul x y r) f)"),
+        Rule("psum-with-zeros", "(psum u z)", "u", _filled, when=('(uniform z "0.0")',)),
+        Rule("add-of-zeros-left", '(binary "add" z u)', "u", _filled, when=('(uniform z "0.0")',)),
+        Rule("add-of-zeros-right", '(binary "add" u z)', "u", _filled, when=('(uniform z "0.0")',)),
+        Rule("product-of-zeros-left", '(binary "mul" z u)', "z", _filled,
+             when=('(uniform z "0.0")',)),
+        Rule("product-of-zeros-right", '(binary "mul" u z)', "z", _filled,
+             when=('(uniform z "0.0")',)),
+        Rule("row-scale-of-zeros", "(bmul a z)", "z", _filled, when=('(uniform z "0.0")',)),
+    ]
+
+
+# Uniform values stay uniform under data movement; a fill is uniform, shaped as its operand.
+FACT_RULES = tuple(
+    f"(rule ((uniform u v) (= t ({term}))) ((uniform t v)) :ruleset {RULESET})"
+    for term in ("expand u d n", "unsqueeze u d", "squeeze u d", "slice u d s e", "merge u d i",
+                 "split u d i", "transpose u d e")) + (
+    f"(rule ((= t (fill x v))) ((uniform t v)) :ruleset {RULESET})",
+    f"(rule ((= t (fill x v)) (= n (dimsize x d))) ((set (dimsize t d) n)) :ruleset {RULESET})",
+    f"(rule ((= t (fill x v)) (= n (ndim x))) ((set (ndim t) n)) :ruleset {RULESET})")
+
+
 def rules() -> list[Rule]:
     return [
         Rule("mul-by-broadcast-left", '(binary "mul" (expand c d n) y)', "(bmul c y)", _scaled),
@@ -131,6 +195,7 @@ def rules() -> list[Rule]:
         Rule("common-row-scale", '(binary "add" (bmul c x) (bmul c y))', "(bmul c (psum x y))",
              _scaled),
         *_associative("psum", None),
+        *_blocks_rules(),
         *_associative("binary", "logaddexp"),
         # A position-wise op on a concatenation and a table broadcast along another dim (a
         # mask or rotary table the ranks slice into their own blocks): on the table's slices.
@@ -142,6 +207,13 @@ def rules() -> list[Rule]:
              "(concat (binary f (expand (slice y d 0 na) k n) a) "
              "(binary f (expand (slice y d na (+ na nb)) k n) b) d na nb)",
              _table, when=("(!= d k)",), families={"f": BINARY_KEYS}),
+        # A fill under a mask on a concatenation (the scores of key blocks): each block filled
+        # under its slice of the mask.
+        Rule("masked-fill-over-concat", "(masked_fill (concat a b d na nb) m f)",
+             "(concat (masked_fill a (slice m d 0 na) f) (masked_fill b (slice m d na (+ na nb)) f) "
+             "d na nb)",
+             lambda gen, c: {**concat_parts(gen, (2, 3, 5), 2, 2),
+                             "m": tensor(gen, 2, 3, 5) > 0, "f": "-inf"}),
         # A position-wise op on a tensor and a concatenation (a rank's table built from the
         # chunks it holds): on the tensor's slices at the concatenation's cut.
         Rule("binary-over-operand-and-concat", "(binary f x (concat a b d na nb))",

@@ -33,10 +33,12 @@ FACTS = {"commutative": set(COMMUTATIVE), "additive": set(ADDITIVE),
          "scales_left": set(SCALES_LEFT), "scales_right": set(SCALES_RIGHT),
          "linear_unary": set(LINEAR_UNARY_KEYS), "last_dim": set(LAST_DIM_KEYS)}
 WINDOW_TRAITS = {"linear_unary": LINEAR_UNARY_OPS, "last_dim": LAST_DIM_OPS}
-# Traits of the scalings by one share of a whole, stated per window for the scalar ops it holds
-# (never loaded into every e-graph: `world_share` depends on the session's world size):
-# `halves` scales by 1/2 (one of a partial sum's two parts), `world_share` by 1/world.
-SHARE_TRAITS = ("halves", "world_share")
+# Traits of scalings, stated per window for the scalar ops it holds (never loaded into every
+# e-graph: `world_share` depends on the session's world size): `halves` scales by 1/2 (one of a
+# partial sum's two parts), `world_share` by 1/world, `positive_scale` by a positive factor
+# (a fill of -inf stays one).
+SHARE_TRAITS = ("halves", "world_share", "positive_scale")
+POSITIVE_SCALE_KEYS = ("mul_scalar|value=0.125", "div_scalar|value=3.0")
 
 
 def share_keys(parts: int) -> set[str]:
@@ -46,7 +48,8 @@ def share_keys(parts: int) -> set[str]:
 
 def share_facts(world: int) -> dict[str, set[str]]:
     """The members of each share trait for examples evaluated on `world` ranks."""
-    return {"halves": share_keys(2), "world_share": share_keys(world)}
+    return {"halves": share_keys(2), "world_share": share_keys(world),
+            "positive_scale": set(POSITIVE_SCALE_KEYS)}
 
 
 def example_traits(world: int) -> dict[str, set[str]]:

@@ -16,7 +16,7 @@ import torch
 
 from ..ir.ops import OPS, infer_shape
 
-RELATIONAL = frozenset({"dist", "const", "concat", "psum", "pmax", "slice", "expand", "unsqueeze",
+RELATIONAL = frozenset({"dist", "const", "fill", "concat", "psum", "pmax", "slice", "expand", "unsqueeze",
                         "squeeze", "merge", "split", "transpose", "rcat", "rsum", "rmax", "rslice"})
 COMPUTE_COST = 1000
 # Two sizes of one tensor along one dim (an unsound union, or a wrong fact) merge to SIZE_CONFLICT,
@@ -29,6 +29,7 @@ DECLARATIONS = f"""
 (datatype T
   (dist String :cost 1)
   (const String :cost 1)
+  (fill T String :cost 2)
   (concat T T i64 i64 i64 :cost 1)
   (psum T T :cost 8)
   (pmax T T :cost 5)
@@ -77,6 +78,7 @@ DECLARATIONS = f"""
 (function world () i64 :merge new)
 (relation inv (T))
 (relation ones (T))
+(relation uniform (T String))
 (relation target (T String))
 (relation same (String String))
 """
@@ -212,6 +214,15 @@ def parse_op_key(key: str) -> tuple[str, dict[str, Any]]:
         name, _, value = item.partition("=")
         attrs[name] = literal_value(value)
     return op, attrs
+
+
+def uniform_literal(value: torch.Tensor) -> str | None:
+    """The literal every element of `value` equals, as a fill value is written (`-inf`,
+    `0.0`, `True`), or None if they differ."""
+    flat = value.reshape(-1)
+    if not flat.numel() or not bool((flat == flat[0]).all()):
+        return None
+    return repr(flat[0].item())
 
 
 def literal_value(text: str) -> Any:
@@ -418,6 +429,7 @@ _CONSTRUCTORS = {
     "untake": lambda g, index, size, k: _run("untake", [_ranked(g, k), _indices(index, size)],
                                              {"size": size}),
     "masked_fill": lambda x, m, v: _run("masked_fill", [x, m], {"value": literal_value(v)}),
+    "fill": lambda x, v: torch.full_like(x, literal_value(v)),
     "pad": lambda x, d, a, b, v: _run("pad", [x], {"dim": d, "before": a, "after": b,
                                                      "value": ast.literal_eval(v)}),
     "cmp_int": lambda f, x, v: _run(f + "_scalar", [x], {"value": v}),

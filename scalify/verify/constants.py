@@ -22,10 +22,12 @@ import torch
 from ..ir.distributed import value_key
 from ..ir.graph import Graph
 from ..ir.ops import MOVEMENT, OPS
-from ..rules.terms import shape_facts
+from ..rules.terms import shape_facts, uniform_literal
 from .encode import encode
 
 _CONST = re.compile(r'\(const "[0-9a-f]+"\)')
+GRID_BLOCKS = 4096  # blocks of a grid compared at most (a causal mask's, by key chunk)
+Cuts = tuple[tuple[int, int, int], ...]  # (dim, start, size) of a block, per cut dim
 
 
 @dataclass
@@ -92,22 +94,79 @@ class ConstantOrigins:
                 continue
             seen[term] = None
             facts += shape_facts(term, self.shapes[term], counts) if term in self.shapes else []
-            facts += self._negations(term) + self._ones(term)
+            facts += self._negations(term) + self._ones(term) + self._uniform(term)
             for origin in sorted(self.origins.get(term, ())):
                 facts.append(f"(union {term} {origin})")
                 pending += _CONST.findall(origin)
-        return facts + [f"(union {part} (slice {whole} {dim} {start} {start + size}))"
-                        for part, whole in itertools.permutations(seen, 2)
-                        for dim, start, size in self._block(part, whole)]
+        grids = set()
+        for part, whole in itertools.permutations(seen, 2):
+            for cuts in self._blocks(part, whole):
+                facts.append(f"(union {part} {_sliced(whole, cuts)})")
+                if len(cuts) > 1:
+                    grids.add((whole, tuple((dim, size) for dim, _, size in cuts)))
+        return facts + [fact for whole, sizes in sorted(grids)
+                        for fact in self._uniform_blocks(whole, dict(sizes))]
 
-    def _block(self, part: str, whole: str) -> list[tuple[int, int, int]]:
-        """(dim, start, size) where `part`'s value is `whole`'s along one dim, if it is."""
+    def _uniform(self, term: str) -> list[str]:
+        """Whether a leaf's elements are all one value (a fill, a mask all true or all false)."""
+        value = self.values.get(term)
+        literal = None if value is None else uniform_literal(value)
+        return [] if literal is None else [f'(uniform {term} "{literal}")']
+
+    def _uniform_blocks(self, whole: str, sizes: dict[int, int]) -> list[str]:
+        """The blocks of `whole`'s grid (blocks of `sizes` along their dims) whose elements are
+        one value: a causal mask's blocks wholly in the future (which ranks skip) or past."""
+        large = self.values[whole]
+        block = tuple(sizes.get(d, n) for d, n in enumerate(large.shape))
+        facts = []
+        for cuts in _grid(large.shape, block, sorted(sizes)):
+            literal = uniform_literal(_block_of(large, cuts))
+            if literal is not None:
+                facts.append(f'(uniform {_sliced(whole, cuts)} "{literal}")')
+        return facts
+
+    def _blocks(self, part: str, whole: str) -> list[Cuts]:
+        """Where `part`'s value is a block of `whole`'s: cut along one dim, the first place it
+        is; cut along several (a rank's block of a causal mask: its queries' rows, a key
+        chunk's columns; a chunk, more than one element along each), every place on the grid
+        of blocks of its size."""
         small, large = self.values.get(part), self.values.get(whole)
         if small is None or large is None or small.dtype != large.dtype or small.dim() != large.dim():
             return []
         cut = [d for d in range(small.dim()) if small.shape[d] != large.shape[d]]
-        if len(cut) != 1 or small.shape[cut[0]] > large.shape[cut[0]]:
+        if not cut or any(small.shape[d] > large.shape[d] for d in cut):
             return []
-        dim, size = cut[0], small.shape[cut[0]]
-        return [(dim, start, size) for start in range(large.shape[dim] - size + 1)
-                if torch.equal(large.narrow(dim, start, size), small)][:1]
+        if len(cut) == 1:
+            dim, size = cut[0], small.shape[cut[0]]
+            return [((dim, start, size),) for start in range(large.shape[dim] - size + 1)
+                    if torch.equal(large.narrow(dim, start, size), small)][:1]
+        if any(small.shape[d] == 1 for d in cut):  # single elements (a broadcast's leaf)
+            return []
+        return [cuts for cuts in _grid(large.shape, small.shape, cut)
+                if torch.equal(_block_of(large, cuts), small)]
+
+
+def _grid(shape: tuple[int, ...], block: tuple[int, ...], dims: list[int]) -> list[Cuts]:
+    """The blocks of size `block` that tile `shape` along `dims` (none past GRID_BLOCKS)."""
+    if any(shape[d] % block[d] for d in dims):
+        return []
+    counts = [shape[d] // block[d] for d in dims]
+    total = 1
+    for count in counts:
+        total *= count
+    if total > GRID_BLOCKS:
+        return []
+    return [tuple((d, i * block[d], block[d]) for d, i in zip(dims, index))
+            for index in itertools.product(*(range(count) for count in counts))]
+
+
+def _block_of(value: torch.Tensor, cuts: Cuts) -> torch.Tensor:
+    for dim, start, size in cuts:
+        value = value.narrow(dim, start, size)
+    return value
+
+
+def _sliced(term: str, cuts: Cuts) -> str:
+    for dim, start, size in cuts:
+        term = f"(slice {term} {dim} {start} {start + size})"
+    return term

@@ -570,15 +570,18 @@ class Verifier:
         return "\n".join(lines), window
 
     def _share_facts(self, nodes: list[Node]) -> list[str]:
-        """The scalings by 1/2 (`halves`) and, in a symmetric program, by 1/world
-        (`world_share`) among the window's ops."""
+        """The scalings by 1/2 (`halves`), in a symmetric program by 1/world (`world_share`),
+        and by a positive factor (`positive_scale`) among the window's ops."""
         shares = {"halves": 2, **({"world_share": self.dist.world_size} if self.dist.symbolic
                                   else {})}
         facts = set()
         for n in nodes:
-            factor = scalar_factor(n)
-            facts.update(f"({trait} {render(op_key(n.op, dict(n.attrs)))})"
-                         for trait, parts in shares.items() if factor == Fraction(1, parts))
+            factor, key = scalar_factor(n), render(op_key(n.op, dict(n.attrs)))
+            facts.update(f"({trait} {key})" for trait, parts in shares.items()
+                         if factor == Fraction(1, parts))
+            if n.op in ("mul_scalar", "div_scalar") and isinstance(n.attr("value"), (int, float)) \
+                    and n.attr("value") > 0:
+                facts.add(f"(positive_scale {key})")
         return sorted(facts)
 
     def _fewer_replicas(self, same: tuple[str, ...], inputs: list[Relation]) -> bool:

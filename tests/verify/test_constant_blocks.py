@@ -92,6 +92,17 @@ def test_a_constant_whose_values_are_rows_of_another_is_their_slice(start):
     assert f"(set (dimsize {big} 0) 6)" in facts
 
 
+def test_a_rank_s_block_of_a_causal_mask_is_its_slice_and_the_grid_s_blocks_say_their_values():
+    mask = torch.triu(torch.ones(4, 4), diagonal=1)  # (as floats: literals here are float32)
+    constants, (whole, own) = _constants(mask, mask[2:4, 2:4])
+    facts = constants.facts(f"{whole} {own}", counts=False)
+    for start in (0, 2):  # the diagonal blocks have its values
+        assert f"(union {own} (slice (slice {whole} 0 {start} {start + 2}) 1 {start} {start + 2}))" in facts
+    assert f'(uniform (slice (slice {whole} 0 0 2) 1 2 4) "1.0")' in facts  # wholly future
+    assert f'(uniform (slice (slice {whole} 0 2 4) 1 0 2) "0.0")' in facts  # wholly past
+    assert not [f for f in facts if f"slice {whole} 0 0 2) 1 0 2)" in f and "uniform" in f]
+
+
 def test_a_constant_of_other_values_is_no_block():
     constants, (big, small) = _constants(torch.arange(12.0).reshape(6, 2), torch.ones(3, 2))
     assert not [f for f in constants.facts(f"{big} {small}", counts=False) if "union" in f]

@@ -182,11 +182,12 @@ class EgglogSession:
         """Saturate; where that leaves the window unsettled, name the inverses of its reshapes
         (costly on every window, needed by few) and saturate again, up to four times the
         e-nodes it had (see WindowLimits). Past that or past `limits`, the window's answer is
-        what it had without them. Context-parallel windows, which settle on their own, do not
-        escalate."""
+        what it had without them. Context-parallel windows escalate too: with a batch of more
+        than one, a rank's sequence chunk is interleaved with the batch in the rows a
+        projection reads, and only the inverses of those reshapes bring its queries back."""
         outputs = self._saturate(egraph, settled, self.rulesets)
         nodes = _nodes(outputs)
-        if self.settle or nodes > self.limits.search_nodes or settled():
+        if nodes > self.limits.search_nodes or settled():
             return outputs
         outputs += egraph.run_program(*egraph.parse_program(f"(run {INVERSES_RULESET} 1)"))
         try:

@@ -112,11 +112,11 @@ class Attention(nn.Module):
         return out
 
 
-def _verify(world: int, **rank_options) -> scalify.Report:
+def _verify(world: int, batch: int = 1, **rank_options) -> scalify.Report:
     causal = rank_options.get("causal", False)
     return scalify.verify_modules(
         Attention(causal=causal), lambda rank: Attention(ring=True, **rank_options), world,
-        {"x": torch.randn(1, SEQ, HEADS * HEAD_DIM)}, input_placements={"x": scalify.Shard(1)},
+        {"x": torch.randn(batch, SEQ, HEADS * HEAD_DIM)}, input_placements={"x": scalify.Shard(1)},
         output_placements=[scalify.Shard(1)], numeric=True)
 
 
@@ -126,8 +126,9 @@ def test_ring_attention_over_sends_verifies_with_default_options():
     assert report.numeric["agrees"]
 
 
-def test_causal_ring_attention_that_skips_future_blocks_verifies():
-    report = _verify(4, causal=True)
+@pytest.mark.parametrize("batch", [1, 2])  # (2: each rank's rows interleave chunk and batch)
+def test_causal_ring_attention_that_skips_future_blocks_verifies(batch):
+    report = _verify(4, batch, causal=True)
     assert report.verdict == "verified", report.discrepancies or report.unknown
     assert report.numeric["agrees"]
 

@@ -185,6 +185,13 @@ def rules() -> list[Rule]:
              f'(bmul {_EXP_NEG.format(_LSE)} '
              '(split (matmul (merge (unary "exp" x) 0 h) (merge v 0 h) r) 0 h))',
              _attention(2), when=("(= d r)",)),
+        # Chunks of values with batch and heads merged, side by side along the keys: one merge
+        # of the chunks side by side (the form `attention-unnormalised-merged-heads` reads).
+        Rule("merges-concat", "(concat (merge a 0 h) (merge b 0 h) d na nb)",
+             "(merge (concat a b (+ d 1) na nb) 0 h)",
+             lambda gen, c: {**concat_parts(gen, (2, 4, 6, 5), 2, 2), "h": 4, "d": 1, "na": 2,
+                             "nb": 4},
+             when=("(> d 0)",)),
         Rule("logsumexp-over-concat", '(reduce "logsumexp" (concat a b d na nb) d)',
              '(binary "logaddexp" (reduce "logsumexp" a d) (reduce "logsumexp" b d))',
              lambda gen, c: concat_parts(gen, (2, 3, 5), 2, 2)),

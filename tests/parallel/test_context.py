@@ -63,11 +63,19 @@ def test_unknown_planted_bug_names_the_known_ones():
         context_parts("missing-allreduce")
 
 
-def _experiment(**plan) -> dict:
+def _experiment(batch: int = 1, **plan) -> dict:
     world = plan.get("context_parallel", 2) * plan.get("tensor_parallel", 1)
     return {"model": "llama-tiny", "plan": {"context_parallel": 2, **plan},
             "hardware": {"name": f"gpu-{world}", "target": "gpu", "devices": world},
-            "inputs": {"batch": 1, "seq": 8}}
+            "inputs": {"batch": batch, "seq": 8}}
+
+
+@pytest.mark.parametrize("balanced", [False, True])
+def test_context_parallelism_verifies_for_a_batch_of_two(balanced):
+    """(Batch and heads merged for the products: the values' chunks side by side are one merge.)"""
+    report = scalify.verify({**_experiment(batch=2, context_load_balance=balanced),
+                             "overrides": {"model.num_hidden_layers": 1}}, numeric=True)
+    assert report.verdict == "verified" and report.numeric["agrees"]
 
 
 def test_load_balanced_context_parallelism_catches_an_unmerged_softmax():

@@ -34,7 +34,7 @@ class GroupOrigins:
 
         def new_group(*args: Any, **kwargs: Any) -> Any:
             group = made(*args, **kwargs)
-            frame = _user_frame(sys._getframe(1))
+            frame = user_frame(sys._getframe(1))
             if frame is not None and isinstance(group, dist.ProcessGroup):
                 ranks = tuple(dist.get_process_group_ranks(group))
                 self._lines[ranks] = tuple(dict.fromkeys((*self.of(ranks), *made_at(frame))))
@@ -47,7 +47,7 @@ class GroupOrigins:
             dist.new_group = c10d.new_group = made
 
 
-def _user_frame(frame: Any) -> Any:
+def user_frame(frame: Any) -> Any:
     """The innermost frame outside torch and this package."""
     while frame is not None and (frame.f_code.co_filename.startswith(_SKIPPED)
                                  or frame.f_code.co_filename.startswith("<")):

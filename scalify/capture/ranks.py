@@ -16,6 +16,7 @@ from ..ir.graph import Graph
 from .as_gpu import as_gpu, capture_device
 from .dtensor import clear_sharding_caches
 from .group_origins import GroupOrigins
+from .plan_origins import PlanOrigins
 from .tracer import capture
 
 RankModuleFactory = Callable[[int], torch.nn.Module]
@@ -45,12 +46,12 @@ def capture_rank(factory: RankModuleFactory, rank: int, world_size: int,
     """Build rank `rank`'s module inside its fake process group and capture one call (with
     autograd on when `grad`)."""
     clear_sharding_caches()
-    origins = GroupOrigins()
+    origins, plans = GroupOrigins(), PlanOrigins()
     with fake_process_group(rank, world_size), origins.recording():
-        with as_gpu(capture_device(inputs)):  # modules written for GPUs build on this device
-            module = factory(rank)
+        with as_gpu(capture_device(inputs)), plans.recording():  # modules written for GPUs
+            module = factory(rank)                                # build on this device
         return capture(module, lambda: call(module, inputs), inputs, _group_ranks, grad,
-                       origins.of)
+                       origins.of, plans.by_module_name(module))
 
 
 def capture_ranks(factory: RankModuleFactory, world_size: int,

@@ -57,8 +57,10 @@ _COLLECTIVE_GROUP_ARG = {"all_reduce": 2, "all_gather_into_tensor": 2, "reduce_s
 class SourceTracker:
     """Knows the module path being executed and finds the user frame of the current op."""
 
-    def __init__(self, module_names: dict[int, str]) -> None:
+    def __init__(self, module_names: dict[int, str],
+                 plan_lines: dict[str, tuple[str, ...]] | None = None) -> None:
         self._module_names = module_names
+        self._plan_lines = plan_lines or {}  # by module name: the plan entries that shard it
         self.stack: list[str] = []
         self._lines: dict[tuple[Any, int], tuple[str, int, str, tuple[str, ...]]] = {}
         self._forward: dict[int, SourceLoc] = {}  # autograd sequence number -> forward location
@@ -116,8 +118,9 @@ class SourceTracker:
                                 linecache.getline(filename, frame.f_lineno).strip(),
                                 () if _scalify_own(filename) else value_sources(frame))
         filename, line, code, values_from = self._lines[key]
+        planned = self._plan_lines.get(module, ())
         return SourceLoc(filename, line, code, module, _callers(frame.f_back),
-                         values_from=values_from), in_engine
+                         values_from=tuple(dict.fromkeys((*values_from, *planned)))), in_engine
 
     def failure(self, error: BaseException) -> str:
         """The module being run and the innermost user line of `error`'s traceback."""
@@ -543,16 +546,17 @@ def _built_buffers(module: torch.nn.Module) -> set[str]:
 def capture(module: torch.nn.Module, call: Callable[[], Any], inputs: dict[str, torch.Tensor],
             group_ranks: Callable[[str], tuple[int, ...]] = lambda name: (),
             grad: bool = False,
-            group_origins: Callable[[tuple[int, ...]], tuple[str, ...]] = lambda ranks: ()
-            ) -> Graph:
+            group_origins: Callable[[tuple[int, ...]], tuple[str, ...]] = lambda ranks: (),
+            plan_lines: dict[str, tuple[str, ...]] | None = None) -> Graph:
     """Run `call()` (which runs `module` on `inputs`) and return the core-IR graph it executed.
 
     Parameters, buffers and inputs become placeholders named as in `named_parameters()`,
     `named_buffers()` and the `inputs` dict. With `grad`, autograd is on, so a `call` that
-    computes gradients records its backward pass too.
+    computes gradients records its backward pass too. `plan_lines` name, by module, the
+    lines of the tensor-parallel plan entries that sharded it (every op of it reads them).
     """
     builder = GraphBuilder()
-    sources = SourceTracker(_module_names(module))
+    sources = SourceTracker(_module_names(module), plan_lines)
     recorder = _Recorder(builder, sources, group_ranks, group_origins)
     leaves = [("param", n, t) for n, t in module.named_parameters()]
     built = _built_buffers(module)

@@ -137,8 +137,11 @@ def without_concat_picks(graph: Graph) -> Graph:
 def without_repeats(graph: Graph) -> Graph:
     """The graph with every repeated pure application replaced by its first (its users read
     that one instead), within one module: the windows that relate a layer's ops look only at
-    that layer's, so identical layers keep their own copies."""
+    that layer's, so identical layers keep their own copies. The first names the lines that
+    computed it again among those that passed its value on (a key's positions computed as
+    the query's by mistake are the query's node, and the mistake's line is named with it)."""
     first: dict[tuple, str] = {}
+    again: dict[str, list[str]] = {}
 
     def earlier_application(node: Node, _: Graph) -> str | None:
         if node.op in _DISTINCT_OPS or OPS[node.op].trait in _DISTINCT_TRAITS:
@@ -148,9 +151,28 @@ def without_repeats(graph: Graph) -> Graph:
             earlier = first.setdefault(key, node.name)
         except TypeError:  # an attribute with no hash (a tensor): kept as it is
             return None
-        return earlier if earlier != node.name else None
+        if earlier == node.name:
+            return None
+        if node.source.file:
+            again.setdefault(earlier, []).append(f"{node.source.file}:{node.source.line}")
+        return earlier
 
-    return with_aliases(graph, earlier_application)
+    return _computed_again(with_aliases(graph, earlier_application), again)
+
+
+def _computed_again(graph: Graph, again: dict[str, list[str]]) -> Graph:
+    """`graph` with each node's `again` lines among its source's `passed_at`."""
+    if not again:
+        return graph
+    result = Graph()
+    for node in graph:
+        if node.name in again:
+            source = node.source
+            passed = tuple(dict.fromkeys((*source.passed_at, *again[node.name])))
+            node = replace(node, source=replace(source, passed_at=passed))
+        result.add(node)
+    result.outputs = list(graph.outputs)
+    return result
 
 
 _ZERO_MOVES = frozenset({"expand", "unsqueeze", "squeeze", "slice", "merge", "split",

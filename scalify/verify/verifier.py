@@ -863,12 +863,41 @@ class Verifier:
             upstream = (chain_lines(self.dist.graph, blamed) + cut_lines(self.dist.graph, blamed)
                         + self._misread_chains(node, inputs, blamed, relations))
             path += [loc for loc in upstream if loc not in path and loc != primary]
+        path += [loc for loc in self._constants_read([primary, *path])
+                 if loc not in path and loc != primary]
         nearby = list(dict.fromkeys(self.dist.graph[n].source for n in lowest))[:10]
         return Discrepancy(node.op, node.name, node.source.module, node.source, primary,
                            found=describe(found, self.labels),
                            expected="a relation to the ranks' tensors (Replicate, Shard or Partial)",
                            hint=hint, inputs=described, nearby=nearby, path=path,
                            placements=self._sharded_parameters(node))
+
+    def _constants_read(self, path: list[SourceLoc]) -> list[SourceLoc]:
+        """Where the constants that the ranks' ops on `path`'s lines read were computed (a mask
+        from positions, a table from offsets): the Python arithmetic behind them is no op of
+        the path, yet a wrong offset there is the bug."""
+        graph = self.dist.graph
+        pending = [i for loc in path if loc.file for n in self._nodes_at.get((loc.file, loc.line), ())
+                   for i in graph[n].inputs if i in self.dist_const]
+        found, seen = {}, set()
+        while pending:
+            name = pending.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            source = graph[name].source
+            if source.file:
+                found.setdefault((source.file, source.line), source)
+            pending += [i for i in graph[name].inputs if i in self.dist_const]
+        return list(found.values())
+
+    @cached_property
+    def _nodes_at(self) -> dict[tuple[str, int], list[str]]:
+        """The ranks' nodes by source line."""
+        at: dict[tuple[str, int], list[str]] = {}
+        for node in self.dist.graph:
+            at.setdefault((node.source.file, node.source.line), []).append(node.name)
+        return at
 
     def _misread_chains(self, node: Node, inputs: list[Relation], blamed: str,
                         relations: dict[str, Relation | None]) -> list[SourceLoc]:

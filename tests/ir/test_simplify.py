@@ -2,11 +2,13 @@
 norm raised to its order again and an addition of zero are removed before verification."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import nn
 
 from scalify.capture.tracer import capture
-from scalify.ir.graph import Graph, Node
+from scalify.ir.graph import Graph, Node, SourceLoc
 from scalify.ir.simplify import (simplified_ranks, without_concat_picks,
                                  without_double_transposes, without_repeats, without_root_powers,
                                  without_unit_powers, without_zero_fills, without_zero_shifts)
@@ -61,6 +63,16 @@ def test_a_repeated_pure_op_is_its_first_application() -> None:
     simplified = without_repeats(_twice("sub"))
     assert "again" not in simplified and simplified["out"].inputs == ("first", "first")
     assert simplified.outputs == ["out", "first"]
+
+
+def test_the_first_application_names_the_line_that_computed_it_again() -> None:
+    graph = _twice("sub")
+    located = Graph()
+    for node in graph:
+        line = {"first": 40, "again": 48}.get(node.name)
+        located.add(replace(node, source=SourceLoc("case.py", line)) if line else node)
+    located.outputs = graph.outputs
+    assert without_repeats(located)["first"].source.passed_at == ("case.py:48",)
 
 
 def test_collectives_stay_apart() -> None:

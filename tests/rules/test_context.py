@@ -138,7 +138,7 @@ def _own_chunk(rank: int, source: int) -> int:
 
 
 def test_causal_ring_attention_masking_keys_by_the_wrong_chunk_is_caught_at_its_mask():
-    report = _verify(4, causal=True, key_chunk=_own_chunk)
+    report = _verify(2, causal=True, key_chunk=_own_chunk)
     assert report.verdict == "discrepancy" and not report.numeric["agrees"]
     lines, start = inspect.getsourcelines(Attention._causal_ring)
     mask = start + next(i for i, text in enumerate(lines) if "rows[:, None] < columns" in text)

@@ -13,5 +13,10 @@ class CaptureError(ScalifyError):
     """A program could not be captured (unknown op, untracked tensor); the message names the op."""
 
 
+class DataDependentRead(CaptureError):
+    """A program reads a value computed from its data into Python (an MoE router's token
+    counts): capture samples such reads on real numbers and tries again (sampled_reads.py)."""
+
+
 class ShapeError(ScalifyError):
     """Declared placements or captured shapes do not fit together."""

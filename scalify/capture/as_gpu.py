@@ -119,8 +119,8 @@ class _OnDevice(TorchFunctionMode):
 
 
 @contextmanager
-def as_gpu(device: torch.device | str, devices: int = 8) -> Iterator[None]:
-    """CUDA code runs on `device` while inside (`devices` GPUs are reported)."""
+def cuda_patched(devices: int = 8) -> Iterator[None]:
+    """`torch.cuda`'s entry points answer as if `devices` GPUs were there (for every thread)."""
     # torch._dynamo caches a table of torch's functions the first time it is asked: fill it
     # before the patches, or it keeps them.
     from torch._dynamo.trace_rules import get_torch_obj_rule_map
@@ -128,7 +128,18 @@ def as_gpu(device: torch.device | str, devices: int = 8) -> Iterator[None]:
     with ExitStack() as stack:
         for name, value in _cuda_patches(devices).items():
             stack.enter_context(mock.patch.object(torch.cuda, name, value, create=True))
-        stack.enter_context(_OnDevice(torch.device(device)))
+        yield
+
+
+def on_device(device: torch.device) -> _OnDevice:
+    """CUDA devices named in calls of this thread are `device` while inside."""
+    return _OnDevice(device)
+
+
+@contextmanager
+def as_gpu(device: torch.device | str, devices: int = 8) -> Iterator[None]:
+    """CUDA code runs on `device` while inside (`devices` GPUs are reported)."""
+    with cuda_patched(devices), on_device(torch.device(device)):
         yield
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import gc
 import multiprocessing
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -18,6 +18,9 @@ from .dtensor import clear_sharding_caches
 from .group_origins import GroupOrigins
 from .plan_origins import PlanOrigins
 from .tracer import capture
+
+if TYPE_CHECKING:
+    from .sampled_reads import ReadLog
 
 RankModuleFactory = Callable[[int], torch.nn.Module]
 
@@ -42,29 +45,35 @@ def _group_ranks(group_name: str) -> tuple[int, ...]:
 def capture_rank(factory: RankModuleFactory, rank: int, world_size: int,
                  inputs: dict[str, torch.Tensor],
                  call: Callable[[torch.nn.Module, dict[str, torch.Tensor]], Any],
-                 grad: bool = False) -> Graph:
+                 grad: bool = False, replay: ReadLog | None = None) -> Graph:
     """Build rank `rank`'s module inside its fake process group and capture one call (with
-    autograd on when `grad`)."""
+    autograd on when `grad`; replaying the reads of `replay`, its sampled run, on meta tensors:
+    real ones would compute indices from values the fake collectives never filled)."""
     clear_sharding_caches()
     origins, plans = GroupOrigins(), PlanOrigins()
     with fake_process_group(rank, world_size), origins.recording():
         with as_gpu(capture_device(inputs)), plans.recording():  # modules written for GPUs
             module = factory(rank)                                # build on this device
+        if replay is not None:  # values it reads come from the sample: it runs on meta
+            module = module.to("meta")
         return capture(module, lambda: call(module, inputs), inputs, _group_ranks, grad,
-                       origins.of, plans.by_module_name(module))
+                       origins.of, plans.by_module_name(module), replay)
 
 
 def capture_ranks(factory: RankModuleFactory, world_size: int,
                   inputs_of_rank: Callable[[int], dict[str, torch.Tensor]],
                   call: Callable[[torch.nn.Module, dict[str, torch.Tensor]], Any],
                   progress: Callable[[int], None] = lambda rank: None,
-                  workers: int = 1, grad: bool = False) -> list[Graph]:
+                  workers: int = 1, grad: bool = False,
+                  replays: list[ReadLog] | None = None) -> list[Graph]:
     """Every rank's graph. With `workers > 1` (and fork available) the upper ranks are captured
-    in forked child processes while this process captures the lower ones."""
+    in forked child processes while this process captures the lower ones. `replays` are the
+    ranks' sampled reads (see sampled_reads.py)."""
     def capture_some(ranks: list[int]) -> list[Graph]:
         graphs = []
         for rank in ranks:
-            graphs.append(capture_rank(factory, rank, world_size, inputs_of_rank(rank), call, grad))
+            graphs.append(capture_rank(factory, rank, world_size, inputs_of_rank(rank), call, grad,
+                                       replays[rank] if replays else None))
             progress(rank)
         return graphs
 
@@ -72,20 +81,20 @@ def capture_ranks(factory: RankModuleFactory, world_size: int,
     if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
         return capture_some(list(range(world_size)))
     shares = [list(range(world_size))[w::workers] for w in range(workers)]
-    children = [_fork(capture_some, share) for share in shares[1:]]
+    children = [fork_work(capture_some, share) for share in shares[1:]]
     by_rank = dict(zip(shares[0], capture_some(shares[0])))
     for share, (process, connection) in zip(shares[1:], children):
-        graphs = _receive(process, connection, share)
+        graphs = receive_work(process, connection, f"capturing ranks {share}")
         if isinstance(graphs, BaseException):
             raise graphs
         by_rank.update(zip(share, graphs))
     return [by_rank[rank] for rank in range(world_size)]
 
 
-def _receive(process: Any, connection: Any, ranks: list[int]) -> Any:
-    """What the child capturing `ranks` sent; a clear error if it died before sending."""
-    died = CaptureError(f"the process capturing ranks {ranks} died before returning their "
-                        f"graphs (out of memory?); retry with one capture worker")
+def receive_work(process: Any, connection: Any, doing: str) -> Any:
+    """What the child `doing` its work sent; a clear error if it died before sending."""
+    died = CaptureError(f"the process {doing} died before returning its results (out of "
+                        "memory?); retry with one capture worker")
     while not connection.poll(1.0):
         if not process.is_alive():
             raise died
@@ -97,8 +106,8 @@ def _receive(process: Any, connection: Any, ranks: list[int]) -> Any:
     return received
 
 
-def _fork(work: Callable[[list[int]], list[Graph]], ranks: list[int]) -> tuple[Any, Any]:
-    """Run `work(ranks)` in a forked child; its graphs (or its error) come back over a pipe."""
+def fork_work(work: Callable[[Any], Any], ranks: Any) -> tuple[Any, Any]:
+    """Run `work(ranks)` in a forked child; its results (or its error) come back over a pipe."""
     context = multiprocessing.get_context("fork")
     receiver, sender = context.Pipe(duplex=False)
 

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed._functional_collectives as funcol
+import numpy
 import typing_extensions
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.overrides import TorchFunctionMode
@@ -25,7 +26,7 @@ from torch.utils._python_dispatch import (TorchDispatchMode, _disable_current_mo
                                           _get_current_dispatch_mode)
 from torch.utils._pytree import tree_leaves, tree_map
 
-from ..errors import CaptureError, ScalifyError
+from ..errors import CaptureError, DataDependentRead, ScalifyError
 from ..ir.graph import Graph, SourceLoc
 from ..ir.ops import COLLECTIVE, OPS, POINT_TO_POINT, RANDOM
 from . import c10d, complex_pairs
@@ -35,6 +36,7 @@ from .builder import GraphBuilder, Ref
 from .decompose import decomposition_of
 from .movement import canonical_movement
 from .passed_on import PassedOn
+from .sampled_reads import DATA_SHAPED, ReadLog, has_mask, mask_positions, user_line
 from .value_sources import value_sources
 from .dtensor import dtensor_layout, has_dtensor, local_tensor, sharding_propagation_unrecorded
 
@@ -166,9 +168,11 @@ class _Recorder(TorchDispatchMode):
 
     def __init__(self, builder: GraphBuilder, sources: SourceTracker,
                  group_ranks: Callable[[str], tuple[int, ...]],
-                 group_origins: Callable[[tuple[int, ...]], tuple[str, ...]]) -> None:
+                 group_origins: Callable[[tuple[int, ...]], tuple[str, ...]],
+                 replay: ReadLog | None = None) -> None:
         super().__init__()
         self.builder = builder
+        self.replay = replay  # the sampled reads, when the program reads its data
         self.sources = sources
         self.group_ranks = group_ranks
         self.group_origins = group_origins
@@ -250,12 +254,14 @@ class _Recorder(TorchDispatchMode):
         except CaptureError:
             pass
 
-    def _literal(self, tensor: torch.Tensor) -> Ref:
-        if not held_as_literal(tensor):
+    def _literal(self, tensor: torch.Tensor, sampled: torch.Tensor | None = None) -> Ref:
+        """A literal node holding `tensor`'s values (`sampled`'s, for a tensor whose values
+        the sampled run gave), bound to `tensor`."""
+        if sampled is None and not held_as_literal(tensor):
             raise CaptureError(f"a tensor of shape {tuple(tensor.shape)} was used that is neither an "
                                "input, a parameter, a buffer nor computed from them")
         with _disable_current_modes():  # (reading the value records nothing)
-            value = tensor.detach().cpu()
+            value = (tensor if sampled is None else sampled).detach().cpu()
             if value.is_complex():  # held as its pairs (complex_pairs.py)
                 value = torch.view_as_real(value)
         dtype = str(value.dtype).removeprefix("torch.")
@@ -271,13 +277,22 @@ class _Recorder(TorchDispatchMode):
             return NotImplemented  # DTensor runs it; its local ops come back here
         if complex_pairs.lowers(func, (args, kwargs)):
             return self._as_pairs(func, args, kwargs)
+        packet = func.overloadpacket.__name__
+        if packet in DATA_SHAPED:
+            sampled = self._data_shaped(packet, args, kwargs)
+            if sampled is not None:
+                return sampled
+        if packet == "index" and has_mask(args):  # x[mask]: positions as the sample found them
+            args = (args[0], self._mask_positions(args[1]), *args[2:])
         decomposition = decomposition_of(func) if func not in self._decomposing else None
         if decomposition is not None:
             result = self._decompose(func, decomposition, args, kwargs)
             if result is not NotImplemented:
                 return result
         if func is torch.ops.aten._local_scalar_dense.default:
-            self._read_into_python(args[0])
+            replaying, value = self.read_into_python(args[0], "scalar")
+            if replaying:
+                return value
         if func.namespace == "c10d" and func.overloadpacket.__name__ not in _POINT_TO_POINT:
             out = _run(func, args, kwargs)
             self._collective(func, args, out)
@@ -335,11 +350,12 @@ class _Recorder(TorchDispatchMode):
         self.bind(pairs, ref)
         return pairs
 
-    def _read_into_python(self, tensor: torch.Tensor) -> None:
-        """`.item()`, `int(x)`, `if x:`: the program goes on with a Python number, which the graph
-        would hold as a constant. Refused unless the tensor is a constant of the program (no
-        input, random draw, collective or uninitialised memory lies upstream of it; an op kept
-        opaque, like `nonzero` on DeviceMesh's table of ranks, is a function of its inputs)."""
+    def _from_data(self, tensor: torch.Tensor) -> bool:
+        """Whether an input, a random draw, another rank's data or uninitialised memory lies
+        upstream of `tensor` (an op kept opaque, like `nonzero` on DeviceMesh's table of
+        ranks, is a function of its inputs)."""
+        if not self.holds(tensor):
+            return False
         graph, stack, seen = self.builder.graph, [self.ref(tensor).name], set()
         while stack:
             node = graph[stack.pop()]
@@ -347,12 +363,79 @@ class _Recorder(TorchDispatchMode):
                 continue
             seen.add(node.name)
             if node.op == "placeholder" or _varying(node):
-                raise CaptureError(
-                    f"{self.sources.current()}: a tensor computed from the inputs (or drawn at "
-                    "random, or from other ranks) is read into Python (.item(), .tolist(), "
-                    "int(), bool(), an `if` on a tensor); the captured graph would hold its "
-                    "value as a constant, so Scalify refuses it")
+                return True
             stack.extend(node.inputs)
+        return False
+
+    def read_into_python(self, tensor: torch.Tensor, kind: str) -> tuple[bool, Any]:
+        """`.item()`, `.tolist()`, `if x:`: the program goes on with Python numbers, which the
+        graph would hold as constants. Replaying a sample: (True, the sampled value), noted as
+        a condition of the proof when the tensor comes from the data. Else (False, None), and
+        refused when it comes from the data (the caller samples the reads and tries again)."""
+        if self.replay is not None:
+            line = user_line()
+            value = self.replay.take(line, kind)
+            if self._from_data(tensor):
+                self.replay.note(line)
+            return True, value
+        if self._from_data(tensor):
+            raise DataDependentRead(
+                f"{self.sources.current()}: a tensor computed from the inputs (or drawn at "
+                "random, or from other ranks) is read into Python (.item(), .tolist(), "
+                "int(), bool(), an `if` on a tensor); the captured graph would hold its "
+                "value as a constant")
+        return False, None
+
+    def _sampled(self, like: torch.Tensor, value: Any) -> Any:
+        """The sampled `value` (tensors) as tensors on `like`'s device bound to literals."""
+        def bound(sampled: Any) -> Any:
+            if not isinstance(sampled, torch.Tensor):
+                return sampled
+            with _disable_current_modes():
+                tensor = (torch.empty(sampled.shape, dtype=sampled.dtype, device=like.device)
+                          if like.is_meta else sampled.to(like.device))
+            self.builder.source = self.sources.current()
+            self._literal(tensor, sampled)
+            return tensor
+        return tree_map(bound, value)
+
+    def _data_shaped(self, packet: str, args: tuple, kwargs: dict) -> Any:
+        """An op whose output's shape depends on its input's values (`nonzero`, `bincount`):
+        as the sample computed it when it reads the data (refused without a sample) or meta
+        tensors; None when it runs as usual."""
+        tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        from_data = any(self._from_data(t) for t in tensors)
+        if self.replay is None:
+            if from_data:
+                raise DataDependentRead(
+                    f"{self.sources.current()}: aten.{packet} computes a shape from values "
+                    "that come from the inputs (or from other ranks)")
+            return None
+        line = user_line()
+        value = self.replay.take(line, packet)
+        if not (from_data or any(t.is_meta for t in tensors)):
+            return None
+        if from_data:
+            self.replay.note(line)
+        return self._sampled(tensors[0], value)
+
+    def _mask_positions(self, indices: list) -> list:
+        """Boolean masks among `indices` (x[mask]) as the positions the sample found, when
+        they come from the data (refused without a sample) or are meta; else as they are."""
+        masks = [i for i in indices if isinstance(i, torch.Tensor) and i.dtype == torch.bool]
+        from_data = any(self._from_data(m) for m in masks)
+        if self.replay is None:
+            if from_data:
+                raise DataDependentRead(f"{self.sources.current()}: a boolean mask computed "
+                                        "from the inputs selects elements (x[mask])")
+            return indices
+        line = user_line()
+        positions = self.replay.take(line, "mask")
+        if not (from_data or any(m.is_meta for m in masks)):
+            return indices
+        if from_data:
+            self.replay.note(line)
+        return self._sampled(masks[0], positions)
 
     def _collective(self, func: Any, args: tuple, out: Any) -> None:
         """An in-place c10d collective: rebind the tensors it overwrites to its result (to
@@ -440,8 +523,10 @@ class _PythonLevelCalls(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if func in self._READS and self.recorder.holds(args[0]):
-            self.recorder._read_into_python(args[0])
+        if func in self._READS:
+            replaying, value = self.recorder.read_into_python(args[0], "list")
+            if replaying:
+                return numpy.array(value) if func is torch.Tensor.numpy else value
         if func is torch.nn.functional.one_hot:
             classes = args[1] if len(args) > 1 else kwargs.get("num_classes", -1)
             if classes > 0:
@@ -547,17 +632,19 @@ def capture(module: torch.nn.Module, call: Callable[[], Any], inputs: dict[str, 
             group_ranks: Callable[[str], tuple[int, ...]] = lambda name: (),
             grad: bool = False,
             group_origins: Callable[[tuple[int, ...]], tuple[str, ...]] = lambda ranks: (),
-            plan_lines: dict[str, tuple[str, ...]] | None = None) -> Graph:
+            plan_lines: dict[str, tuple[str, ...]] | None = None,
+            replay: ReadLog | None = None) -> Graph:
     """Run `call()` (which runs `module` on `inputs`) and return the core-IR graph it executed.
 
     Parameters, buffers and inputs become placeholders named as in `named_parameters()`,
     `named_buffers()` and the `inputs` dict. With `grad`, autograd is on, so a `call` that
     computes gradients records its backward pass too. `plan_lines` name, by module, the
     lines of the tensor-parallel plan entries that sharded it (every op of it reads them).
+    `replay` gives the values it reads from its data, sampled on real numbers.
     """
     builder = GraphBuilder()
     sources = SourceTracker(_module_names(module), plan_lines)
-    recorder = _Recorder(builder, sources, group_ranks, group_origins)
+    recorder = _Recorder(builder, sources, group_ranks, group_origins, replay)
     leaves = [("param", n, t) for n, t in module.named_parameters()]
     built = _built_buffers(module)
     leaves += [("buffer", n, t) for n, t in module.named_buffers() if n not in built]
@@ -582,4 +669,6 @@ def capture(module: torch.nn.Module, call: Callable[[], Any], inputs: dict[str, 
     outputs = result if isinstance(result, (tuple, list)) else [result]
     graph = builder.graph
     graph.outputs = [recorder.ref(local_tensor(t)).name for t in outputs]
-    return canonical_movement(recorder.passed_on.written_into(graph.pruned()))
+    graph = canonical_movement(recorder.passed_on.written_into(graph.pruned()))
+    graph.sampled_reads = tuple(replay.replayed) if replay else ()
+    return graph

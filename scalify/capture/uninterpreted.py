@@ -34,4 +34,5 @@ _OVERLOADS = {APPLICATIONS[op].overload.overloadpacket.__name__: op for op in (
 
 @lowering(*_OVERLOADS)
 def _uninterpreted(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
-    return apply(b, _OVERLOADS[name], args, kwargs, out)
+    stable = name == "sort" and "stable" in kwargs  # (its own overload)
+    return apply(b, "sort_stable" if stable else _OVERLOADS[name], args, kwargs, out)

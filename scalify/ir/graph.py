@@ -50,6 +50,9 @@ class Graph:
 
     nodes: list[Node] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
+    # `file:line` of reads of its data fixed to a sampled run's values (capture/sampled_reads.py):
+    # the program holds for inputs read that way only
+    sampled_reads: tuple[str, ...] = ()
     _index: dict[str, Node] = field(default_factory=dict, repr=False)
 
     def add(self, node: Node) -> Node:

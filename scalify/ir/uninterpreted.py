@@ -128,6 +128,7 @@ APPLICATIONS: dict[str, AtenApplication] = {
     "fft_r2c": AtenApplication(_aten._fft_r2c.default),
     "fft_c2r": AtenApplication(_aten._fft_c2r.default, (_COMPLEX,)),
     "sort": AtenApplication(_aten.sort.default),
+    "sort_stable": AtenApplication(_aten.sort.stable),
     "masked_scatter": AtenApplication(_aten.masked_scatter.default, (torch.float32, _MASK)),
     "gather": AtenApplication(_aten.gather.default, (torch.float32, _INDEX)),
     "scatter": AtenApplication(_aten.scatter.src, (torch.float32, _INDEX)),

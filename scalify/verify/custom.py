@@ -183,6 +183,8 @@ def held_values(placements: dict[str, Placement], ref_values: dict[str, torch.Te
         dim = placement.dim % value.dim()
         for piece in placement.pieces:
             name = rank_name(piece)
+            if name not in rank_shapes:  # (a rank not asked for)
+                continue
             if name not in held:
                 held[name] = torch.zeros(rank_shapes[name], dtype=value.dtype)
             held[name].narrow(dim, piece.local_start, piece.size).copy_(

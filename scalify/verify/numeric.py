@@ -11,7 +11,7 @@ from typing import Any, Mapping
 import torch
 
 from ..ir.assumptions import ValueRange
-from ..ir.distributed import DistributedGraph
+from ..ir.distributed import DistributedGraph, qualified
 from ..ir.graph import Graph, Node
 from ..ir.ops import OPS
 from ..placements import Custom, Partial, Placement, Replicate, Shard, Stage
@@ -25,9 +25,7 @@ IGNORE_INDEX = -100  # the target id a loss skips
 
 def _value(node: Node, inputs: list[torch.Tensor]) -> torch.Tensor:
     attrs = dict(node.attrs)
-    if node.op in ("full", "literal") and attrs.get("dtype") in _FLOATS:
-        attrs["dtype"] = "float64"
-    if node.op == "cast" and attrs["dtype"] in _FLOATS:
+    if attrs.get("dtype") in _FLOATS:  # (a cast, a constant, uninitialised memory)
         attrs["dtype"] = "float64"
     if node.op == "all_reduce":
         stacked = torch.stack(inputs)
@@ -130,25 +128,46 @@ def _assemble(outputs: list[torch.Tensor], placement: Placement) -> list[torch.T
     return [torch.cat([part[block] for block in range(placement.blocks) for part in pieces], dim)]
 
 
+def rank_values(placements: dict[str, Placement], ref_values: dict[str, torch.Tensor], rank: int,
+                world: int, shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+    """Rank `rank`'s values of the placeholders named in `shapes` (by their names, with their
+    shapes), cut from the reference's values by `placements`; none for names the reference
+    lacks that no Custom placement fills."""
+    held = held_values(placements, ref_values, {qualified(rank, name): shape
+                                                for name, shape in shapes.items()})
+    values = {}
+    for name in shapes:
+        if qualified(rank, name) in held:
+            values[name] = held[qualified(rank, name)]
+        elif name in ref_values:
+            values[name] = _rank_value(ref_values[name], placements.get(name, Replicate()), rank,
+                                       world)
+    return values
+
+
 def cross_check(ref: Graph, dist: DistributedGraph, placements: dict[str, Placement],
                 output_placements: list[Placement], seed: int = 0,
-                assumed: Mapping[str, ValueRange] | None = None) -> dict[str, Any]:
+                assumed: Mapping[str, ValueRange] | None = None,
+                values: Mapping[str, torch.Tensor] | None = None) -> dict[str, Any]:
     """Max relative error between the reference outputs and the assembled rank outputs (not
-    run, `agrees` None, when a graph holds an op with no lowering)."""
+    run, `agrees` None, when a graph holds an op with no lowering), on random inputs or on the
+    reference placeholders' `values` by name (those of a sampled run, whose reads the graphs
+    hold)."""
     unlowered = opaque_targets(ref, dist.graph)
     if unlowered:
         return {"max_relative_error": None, "agrees": None, "seed": seed,
                 "skipped": f"not runnable: no lowering for {', '.join(unlowered)}"}
     ref_env = random_inputs(ref, seed, assumed)
+    for node in ref.placeholders():
+        if values and node.attr("target") in values:
+            ref_env[node.name] = values[node.attr("target")].to(ref_env[node.name].dtype)
     ref_values = run_graph(ref, ref_env)
-    dist_env = held_values(placements, ref_env,
-                           {n.name: n.shape for n in dist.graph.placeholders()})
-    for node in dist.graph.placeholders():
-        if node.name in dist_env:
-            continue
-        rank, target = dist.rank_of(node.name), node.attr("target")
-        placement = placements.get(target, Replicate())
-        dist_env[node.name] = _rank_value(ref_env[target], placement, rank, dist.world_size)
+    dist_env = {}
+    for rank in range(dist.world_size):
+        nodes = [n for n in dist.graph.placeholders() if dist.rank_of(n.name) == rank]
+        cut = rank_values(placements, ref_env, rank, dist.world_size,
+                          {n.attr("target"): n.shape for n in nodes})
+        dist_env.update({n.name: cut[n.attr("target")] for n in nodes if n.attr("target") in cut})
     try:
         dist_values = run_graph(dist.graph, dist_env)
     except (IndexError, RuntimeError) as error:  # the ranks fail on valid inputs: numbers differ
@@ -166,4 +185,5 @@ def cross_check(ref: Graph, dist: DistributedGraph, placements: dict[str, Placem
                 continue
             error = (assembled - expected).abs().max().item() / scale
             worst = max(worst, error if error == error else float("inf"))  # NaN: they differ
-    return {"max_relative_error": worst, "agrees": worst <= 1e-9, "seed": seed}
+    return {"max_relative_error": worst, "agrees": worst <= 1e-9,
+            **({"inputs": "the sampled run's"} if values else {"seed": seed})}

@@ -32,8 +32,9 @@ from .ir.graph import Graph
 from .ir.ops import MOVEMENT, OPS
 from .ir.scaling import pushed_scales, scaling_nodes
 from .ir.simplify import simplified, simplified_ranks, without_zero_shifts
+from .ir.slabs import held_as_slabs
 from .ir.symmetry import symbolic_program
-from .placements import Custom, Placement, Replicate, Shard
+from .placements import Custom, Placement, Replicate, Shard, slabbed
 from .report.model import Discrepancy, Report
 from .programs import programs_for
 from .rules import context
@@ -83,6 +84,7 @@ def verify_modules(reference: nn.Module, rank_module_factory: Callable[[int], nn
         {**stated, **input_placements}, progress, capture_workers, grad)
     timings["capture_s"] = time.perf_counter() - start
     start = time.perf_counter()
+    rank_graphs = [held_as_slabs(graph, slabbed(stated)) for graph in rank_graphs]
     placements = {**placements_held(rank_graphs), **stated, **input_placements}
     outputs = output_placements or [Replicate()] * len(ref_graph.outputs)
     return verify_graphs(ref_graph, rank_graphs, placements, outputs,

@@ -81,7 +81,8 @@ class Stage(Placement):
 class Piece:
     """Indices [ref_start, ref_start + size) of the reference tensor along the layout's dim are
     indices [local_start, local_start + size) of rank `rank`'s tensor `local` (its name in the
-    rank's module, which may differ from the reference's, e.g. a fused `qkv_proj.weight`)."""
+    rank's module, which may differ from the reference's, e.g. a fused `qkv_proj.weight`; or
+    `name@j`, slab j along dim 0 of a rank tensor stacked from pieces: experts' weights)."""
 
     rank: int
     local: str
@@ -141,3 +142,18 @@ def parse_placement(text: str) -> Placement:
     if kind == "Partial" and argument in ("", "sum", "max"):
         return Partial(argument or "sum")
     raise ValueError(f"expected Replicate(), Shard(dim) or Partial(op), got {text!r}")
+
+
+SLAB = "@"  # `name@j`: slab j along dim 0 of rank tensor `name`
+
+
+def slab_name(local: str, index: int) -> str:
+    return f"{local}{SLAB}{index}"
+
+
+def slabbed(placements: dict[str, Placement]) -> set[str]:
+    """The rank tensors that Custom pieces read slab by slab."""
+    return {piece.local.rpartition(SLAB)[0] for placement in placements.values()
+            if isinstance(placement, Custom) for piece in placement.pieces
+            if SLAB in piece.local}
+

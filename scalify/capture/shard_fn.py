@@ -4,8 +4,9 @@ The function runs, once per rank, on integer index tensors of the reference para
 (every element holds its own global index) under a dispatch mode that admits only data movement
 and remembers, per tensor, the line of the last op that cut it (slice, select, index, split).
 Each returned rank tensor is then read back as a concatenation, along one dim, of slices of
-reference tensors; inverted, that gives every reference parameter's placement: Replicate or
-Shard when it is one (under the same name), else Custom.
+reference tensors (or as a stack of such along dim 0, slab by slab); inverted, that gives
+every reference parameter's placement: Replicate or Shard when it is one (under the same
+name), else Custom.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from ..errors import CaptureError, ShapeError
-from ..placements import Custom, Piece, Placement, Replicate, Shard
+from ..placements import SLAB, Custom, Piece, Placement, Replicate, Shard, slab_name
 from ..verify.custom import check_tiling
 from .tracer import SourceTracker
 
@@ -144,8 +145,15 @@ def _read(indexed: _Indexed, rank: int, local: str, value: torch.Tensor, origin:
         found = _read_along(indexed, rank, local, value, dim, origin)
         if found is not None:
             return found
+    if value.dim() > 1 and SLAB not in local:  # stacked from pieces (experts' weights)
+        try:
+            return [item for j in range(value.shape[0])
+                    for item in _read(indexed, rank, slab_name(local, j), value[j], origin)]
+        except ShapeError:
+            pass
     raise ShapeError(f"rank {rank}'s {local} (shape {list(value.shape)}, cut at {origin or '?'}) "
-                     "is not a concatenation of slices of reference tensors along one dim")
+                     "is not a concatenation of slices of reference tensors along one dim, nor "
+                     "a stack of such")
 
 
 def _read_along(indexed: _Indexed, rank: int, local: str, value: torch.Tensor, dim: int,
@@ -202,6 +210,8 @@ def infer_placements(shard_fn: ShardFn, reference_state: dict[str, torch.Tensor]
             origin = mode.origin(value) or defined_at
             for item in _read(indexed, rank, local, value, origin):
                 found[item.ref].append(item)
+                if item.piece.local != local:  # a slab
+                    local_shapes[rank, item.piece.local] = tuple(value.shape[1:])
     return {name: _placement(name, shape, found[name], local_shapes, world_size)
             for name, shape in zip(indexed.names, indexed.shapes)
             if found[name] or name not in unmapped}

@@ -14,7 +14,8 @@ from ..ir.assumptions import ValueRange
 from ..ir.distributed import DistributedGraph, qualified
 from ..ir.graph import Graph, Node
 from ..ir.ops import OPS
-from ..placements import Custom, Partial, Placement, Replicate, Shard, Stage
+from ..placements import (Custom, Partial, Placement, Replicate, Shard, Stage, slab_name,
+                          slabbed)
 from .custom import custom_output_values, held_values
 from .opaque import opaque_targets
 from .relations import output_holders
@@ -131,17 +132,25 @@ def _assemble(outputs: list[torch.Tensor], placement: Placement) -> list[torch.T
 def rank_values(placements: dict[str, Placement], ref_values: dict[str, torch.Tensor], rank: int,
                 world: int, shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
     """Rank `rank`'s values of the placeholders named in `shapes` (by their names, with their
-    shapes), cut from the reference's values by `placements`; none for names the reference
-    lacks that no Custom placement fills."""
+    shapes), cut from the reference's values by `placements` (a tensor stacked from slabs, and
+    its slabs, from theirs); none for names the reference lacks that no Custom piece fills."""
+    stacked = slabbed(placements) & set(shapes)
+    wanted = dict(shapes)
+    for name in stacked:
+        wanted.update({slab_name(name, j): shapes[name][1:] for j in range(shapes[name][0])})
     held = held_values(placements, ref_values, {qualified(rank, name): shape
-                                                for name, shape in shapes.items()})
+                                                for name, shape in wanted.items()})
     values = {}
-    for name in shapes:
+    for name in wanted:
         if qualified(rank, name) in held:
             values[name] = held[qualified(rank, name)]
         elif name in ref_values:
             values[name] = _rank_value(ref_values[name], placements.get(name, Replicate()), rank,
                                        world)
+    for name in stacked:
+        slabs = [values.get(slab_name(name, j)) for j in range(shapes[name][0])]
+        if all(slab is not None for slab in slabs):
+            values[name] = torch.stack(slabs)
     return values
 
 

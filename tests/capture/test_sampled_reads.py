@@ -61,8 +61,14 @@ def test_expert_parallel_dispatch_by_token_counts_holds_for_the_sampled_routing_
     assert "moe_expert_parallel_all_to_all.py:54" in report.unknown[-1]  # the split sizes
 
 
+def test_fused_experts_stacked_by_the_weight_loader_hold_for_the_sampled_routing() -> None:
+    report = _verify("vllm/mixtral_fused_moe_tp.py")  # w13 stacks every expert's w1 and w3 rows
+    assert report.verdict == "unknown" and report.numeric["agrees"]
+
+
 @pytest.mark.parametrize("name", ["torch_distributed/moe_expert_parallel_all_to_all_wrong_local_expert.py",
-                                  "megatron_core/moe_alltoall_dispatch_sort_splits_transposed.py"])
+                                  "megatron_core/moe_alltoall_dispatch_sort_splits_transposed.py",
+                                  "vllm/mixtral_fused_moe_tp_double_reduce.py"])
 def test_a_dispatch_bug_under_the_sampled_routing_is_a_discrepancy(name: str) -> None:
     report = _verify(name)
     assert report.verdict == "discrepancy"

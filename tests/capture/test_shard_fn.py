@@ -15,7 +15,7 @@ from scalify.models import build_reference, make_hf_config
 from scalify.models.presets import PRESETS
 from scalify.parallel import param_placements
 from scalify.parallel.sharding import shard_fused_llama, shard_megatron_gpt2, shard_megatron_llama
-from scalify.placements import Custom, Piece, Replicate, Shard
+from scalify.placements import Custom, Piece, Replicate, Shard, slabbed
 
 
 def _model(preset: str, **fields):
@@ -140,3 +140,15 @@ def test_padding_rows_are_filler_not_pieces():
 
     placement = infer_placements(shard, {"emb": torch.empty(5, 2, device="meta")}, 2)["emb"]
     assert placement == Custom(0, (Piece(0, "emb", 0, 0, 3), Piece(1, "emb", 0, 3, 2)))
+
+
+def test_experts_stacked_into_one_tensor_are_read_slab_by_slab():
+    def shard(state, rank, world_size):  # vLLM's FusedMoE w13: this rank's rows of w1 and w3
+        return {"w13": torch.stack([torch.cat([state[f"{e}.w1"].chunk(world_size)[rank],
+                                               state[f"{e}.w3"].chunk(world_size)[rank]])
+                                    for e in range(2)])}
+
+    state = {f"{e}.{w}": torch.empty(4, 3, device="meta") for e in range(2) for w in ("w1", "w3")}
+    placements = infer_placements(shard, state, 2)
+    assert placements["1.w3"].pieces == (Piece(0, "w13@1", 2, 0, 2), Piece(1, "w13@1", 2, 2, 2))
+    assert slabbed(placements) == {"w13"}

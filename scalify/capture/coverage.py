@@ -13,13 +13,14 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_leaves, tree_map
 
-from ..errors import ScalifyError
+from ..errors import DataDependentRead, ScalifyError
 from ..ir.ops import OPS, RANDOM, UNINTERPRETED
 from .aten import LOWERINGS, lowering_name
 from .coverage_samples import sample
 from .decompose import decomposition_of
+from .sampled_reads import logged_reads
 from .tracer import capture
 
 _SHAPES = [(4, 4), (2, 4, 4), (2, 2, 4, 4), (2, 2, 4, 4, 4), (4,)]
@@ -108,11 +109,21 @@ def _how(func: Any) -> str:
 
 def _probe(func: Any, args: list, kwargs: dict) -> tuple[str | None, str]:
     """Why capturing `func(*args, **kwargs)` leaves an opaque node (None when it lowers), and
-    the ops of its graph that the prover takes as uninterpreted functions or random draws."""
+    the ops of its graph that the prover takes as uninterpreted functions or random draws (or
+    that its values were read on a sampled run)."""
     tensors = {f"a{i}": t for i, t in enumerate(x for x in tree_leaves((args, kwargs))
                                                 if isinstance(x, torch.Tensor))}
+    run = lambda: _as_outputs(func(*args, **kwargs))
     try:
-        graph = capture(nn.Module(), lambda: _as_outputs(func(*args, **kwargs)), tensors)
+        try:
+            graph, sampled = capture(nn.Module(), run, tensors), ""
+        except DataDependentRead:  # as verify_modules does: sampled on real numbers, replayed
+            real_args, real_kwargs = tree_map(lambda t: torch.ones(t.shape, dtype=t.dtype) if
+                                              isinstance(t, torch.Tensor) and t.is_meta else t,
+                                              (args, kwargs))
+            log = logged_reads(lambda: _as_outputs(func(*real_args, **real_kwargs)))
+            graph = capture(nn.Module(), run, tensors, replay=log)
+            sampled = " (its values read on a sampled run)"
     except ScalifyError as error:
         return str(error), ""
     opaque = [node for node in graph if node.op == "opaque"]
@@ -120,7 +131,7 @@ def _probe(func: Any, args: list, kwargs: dict) -> tuple[str | None, str]:
         return f"{opaque[0].attr('target')}: {opaque[0].attr('reason')}", ""
     special = sorted({node.op for node in graph
                       if node.op in UNINTERPRETED or OPS[node.op].trait == RANDOM})
-    return None, f" (uninterpreted or random: {', '.join(special)})" if special else ""
+    return None, (f" (uninterpreted or random: {', '.join(special)})" if special else "") + sampled
 
 
 def _as_outputs(result: Any) -> list:

@@ -147,7 +147,8 @@ class Sample:
     values: dict[str, torch.Tensor]
 
 
-def _logged(call: Callable[[], Any], grad: bool) -> ReadLog:
+def logged_reads(call: Callable[[], Any], grad: bool = False) -> ReadLog:
+    """What `call()` reads of its data, run on real numbers."""
     log = ReadLog()
     with torch.set_grad_enabled(grad), on_device(torch.device("cpu")), _LogReads(log), \
             _LogPythonReads(log):
@@ -211,14 +212,14 @@ def sample_reads(reference: torch.nn.Module, factory: Callable[[int], torch.nn.M
         ref = _as_real(copy.deepcopy(reference), generator)
         values = dict(ref.named_parameters()) | dict(ref.named_buffers()) | real_inputs
         values = {name: t.detach() for name, t in values.items()}
-        reference_log = _logged(lambda: call(ref, real_inputs), grad)
-        logs = _ranks_logged(factory, world_size, lambda module, rank: call(
+        reference_log = logged_reads(lambda: call(ref, real_inputs), grad)
+        logs = _rankslogged_reads(factory, world_size, lambda module, rank: call(
             _loaded(module, lambda shapes: rank_values(values, rank, shapes), generator),
             local_inputs(real_inputs, rank)), grad)
     return Sample(reference_log, logs, values)
 
 
-def _ranks_logged(factory: Callable[[int], torch.nn.Module], world_size: int,
+def _rankslogged_reads(factory: Callable[[int], torch.nn.Module], world_size: int,
                   run: Callable[[torch.nn.Module, int], Any], grad: bool) -> list[ReadLog]:
     """Every rank built and run in a forked process of its own, over a gloo process group."""
     from .ranks import fork_work, receive_work
@@ -234,7 +235,7 @@ def _ranks_logged(factory: Callable[[int], torch.nn.Module], world_size: int,
             try:
                 with on_device(torch.device("cpu")):
                     module = factory(rank)
-                return pickle.dumps(_logged(lambda: run(module, rank), grad))
+                return pickle.dumps(logged_reads(lambda: run(module, rank), grad))
             except CaptureError:
                 raise
             except Exception as error:  # reported with its rank and line

@@ -45,17 +45,25 @@ def _over_transpose(head: str, families: dict) -> list[Rule]:
     ]
 
 
-def _over_merge(head: str, families: dict) -> list[Rule]:
-    """A reduction (or normalisation) along a dim a merge keeps is the merge of the reduction
-    along that dim of the unmerged tensor (rows merged to [b*s, v] beside [s, b, v])."""
+# How a reshape of adjacent dims moves the dims after it: (the reshape, the last dim it makes
+# in its result, that dim's place in its operand, an operand and a later dim of the example).
+_RESHAPES = {"merge": ("(merge x d i)", "d", "(+ k 1)", (2, 3, 4, 5), 2),
+             "split": ("(split x d i)", "(+ d 1)", "(- k 1)", (2, 12, 5), 3)}
+
+
+def _over_reshape(head: str, families: dict, reshape: str) -> list[Rule]:
+    """A reduction (or normalisation) along a dim a merge keeps (or a split leaves whole) is
+    the reshape of the reduction along that dim of its operand (rows merged to [b*s, v] beside
+    [s, b, v]; a rank's rows split back into positions)."""
     op = "reduce" if head == "reduce" else "softmax"
-    example = lambda k: lambda gen, c: {"x": tensor(gen, 2, 3, 4, 5), "d": 1, "i": 4, "k": k, **c}
+    term, last, moved, shape, later = _RESHAPES[reshape]
+    example = lambda k: lambda gen, c: {"x": tensor(gen, *shape), "d": 1, "i": 4, "k": k, **c}
     return [
-        Rule(f"{head}-over-merge-later-dim", f"({op} f (merge x d i) k)",
-             f"(merge ({op} f x (+ k 1)) d i)", example(2), when=("(> k d)",),
+        Rule(f"{head}-over-{reshape}-later-dim", f"({op} f {term} k)",
+             f"({reshape} ({op} f x {moved}) d i)", example(later), when=(f"(> k {last})",),
              families=families),
-        Rule(f"{head}-over-merge-earlier-dim", f"({op} f (merge x d i) k)",
-             f"(merge ({op} f x k) d i)", example(0), when=("(< k d)",), families=families),
+        Rule(f"{head}-over-{reshape}-earlier-dim", f"({op} f {term} k)",
+             f"({reshape} ({op} f x k) d i)", example(0), when=("(< k d)",), families=families),
     ]
 
 
@@ -64,8 +72,9 @@ def rules() -> list[Rule]:
     return [
         *_over_transpose("reduce", {"f": REDUCTIONS}),
         *_over_transpose("normalize", {"f": NORMALIZATIONS}),
-        *_over_merge("reduce", {"f": REDUCTIONS}),
-        *_over_merge("normalize", {"f": NORMALIZATIONS}),
+        *(rule for reshape in _RESHAPES for head, families in (("reduce", {"f": REDUCTIONS}),
+                                                                ("normalize", {"f": NORMALIZATIONS}))
+          for rule in _over_reshape(head, families, reshape)),
         Rule("reduce-over-unsqueeze", "(reduce f (unsqueeze x d) k)",
              "(unsqueeze (reduce f x (- k 1)) d)", unsqueezed, when=("(> k d)",),
              families={"f": REDUCTIONS}),

@@ -108,6 +108,14 @@ def rules() -> list[Rule]:
              "(concat (opaque1 f a) (opaque1 f b) d na nb)", lambda gen, c: {**_parts(
                  lambda *s: tensor(gen, *s)), **c}, when=("(last_dim f)", "(< (+ d 1) (ndim a))"),
              families={"f": LAST_DIM_KEYS}),
+        # Along the last dim alone, so through reshapes of the dims before it (Megatron's
+        # [s, b, h] tokens flattened into rows, a rank holding a batch share of each position).
+        Rule("last-dim-op-over-merge", "(opaque1 f (merge x d i))", "(merge (opaque1 f x) d i)",
+             lambda gen, c: {"x": tensor(gen, 3, 4, 2, 5), "d": 1, "i": 2, **c},
+             when=("(last_dim f)", "(< (+ d 2) (ndim x))"), families={"f": LAST_DIM_KEYS}),
+        Rule("last-dim-op-over-split", "(opaque1 f (split x d i))", "(split (opaque1 f x) d i)",
+             lambda gen, c: {"x": tensor(gen, 3, 8, 5), "d": 1, "i": 2, **c},
+             when=("(last_dim f)", "(< (+ d 1) (ndim x))"), families={"f": LAST_DIM_KEYS}),
         Rule("add-int-over-concat", "(add_int (concat a b d na nb) v)",
              "(concat (add_int a v) (add_int b v) d na nb)", _compare),
         Rule("masked-fill-over-concats", "(masked_fill (concat a b d na nb) (concat m1 m2 d na nb) v)",

@@ -131,3 +131,25 @@ def test_a_norm_weight_broadcast_over_transposed_rows_verifies():
         example_inputs={"x": torch.randn(BATCH, SEQ, HIDDEN)},
         output_placements=[scalify.Replicate()], numeric=True)
     assert report.verified and report.numeric["agrees"]
+
+
+class _Router(nn.Module):
+    """A top-2 router over Megatron's [s, b, h] tokens flattened into rows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = nn.Linear(HIDDEN, 4, bias=False)
+
+    def forward(self, x):
+        scores, experts = torch.topk(self.gate(x.view(-1, HIDDEN)), k=2, dim=-1)
+        return torch.softmax(scores, dim=-1).view(*x.shape[:2], 2), experts.view(*x.shape[:2], 2)
+
+
+def test_a_router_over_flattened_tokens_sharded_by_batch_verifies():
+    """Each rank's rows are a batch share of every position, interleaved with the other's:
+    top-k acts along the last dim alone, so it goes through the reshapes."""
+    report = scalify.verify_modules(_Router(), lambda rank: _Router(), WORLD,
+                                    {"x": torch.randn(SEQ, 2 * WORLD, HIDDEN)},
+                                    input_placements={"x": scalify.Shard(1)},
+                                    output_placements=[scalify.Shard(1)] * 2, numeric=True)
+    assert report.verdict == "verified", report.discrepancies or report.unknown

@@ -91,10 +91,14 @@ def load(path: Path) -> Case:
 
 
 def case_paths(selected: list[str] | None = None) -> list[Path]:
-    """Every case file (or those whose `style/name` or path contains one of `selected`)."""
+    """Every case file (or those whose `style/name` contains one of `selected`, or that one
+    names as a path); a selection that matches no case is an error, not an empty run."""
     paths = sorted(p for style in STYLES for p in (ROOT / style).glob("*.py")
                    if not p.name.startswith("_"))
-    if selected:
-        paths = [p for p in paths if any(s in f"{p.parent.name}/{p.stem}" or s == str(p)
-                                         for s in selected)]
-    return paths
+    if not selected:
+        return paths
+    matches = lambda p, s: s in f"{p.parent.name}/{p.stem}" or Path(s).resolve() == p.resolve()
+    unmatched = [s for s in selected if not any(matches(p, s) for p in paths)]
+    if unmatched:
+        raise SystemExit(f"no corpus case matches {', '.join(unmatched)}")
+    return [p for p in paths if any(matches(p, s) for s in selected)]

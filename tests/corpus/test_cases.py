@@ -1,0 +1,15 @@
+"""The corpus harness selects cases by `style/name` or by path, and says when none matches."""
+import pytest
+
+from .cases import ROOT, case_paths
+
+
+def test_a_case_is_selected_by_name_or_by_a_relative_path(monkeypatch) -> None:
+    by_name = case_paths(["vllm/mixtral_fused_moe_tp_double_reduce"])
+    monkeypatch.chdir(ROOT.parent.parent)
+    assert case_paths(["tests/corpus/vllm/mixtral_fused_moe_tp_double_reduce.py"]) == by_name
+
+
+def test_a_selection_that_matches_no_case_is_an_error() -> None:
+    with pytest.raises(SystemExit, match="no corpus case matches vllm/nothing"):
+        case_paths(["vllm/nothing"])

@@ -2,15 +2,15 @@
 measured by capturing a sample, not assumed from the tables."""
 from scalify.capture.coverage import measure
 
-CORE_OVERLOADS = 191  # torch 2.13.0
+CORE_OVERLOADS = 191  # torch 2.13.0 alone (ops other tests' imports register may add to it)
 # Their values or shapes depend on the data: captured by replaying a sampled run's reads.
 DATA_DEPENDENT = {"aten._local_scalar_dense.default", "aten.nonzero.default"}
 
 
 def test_core_aten_coverage_does_not_fall():
     coverage = measure()
-    assert len(coverage.lowered) == CORE_OVERLOADS, sorted(coverage.missing)
-    assert not coverage.missing and not coverage.unprobed
+    assert len(coverage.lowered) == coverage.total >= CORE_OVERLOADS, sorted(coverage.missing)
+    assert not coverage.unprobed
     assert all("sampled run" in coverage.lowered[name] for name in DATA_DEPENDENT)
     assert "aten.max.dim" in coverage.lowered
     assert "uninterpreted" in coverage.lowered["aten.convolution.default"]

@@ -135,7 +135,7 @@ class _Pusher:
                 self.scaled[node.name] = self._constant(node)
             else:
                 self.scaled[node.name] = self._push(node)
-        self.out.outputs = [self._written(name, "") for name in self.graph.outputs]
+        self.out.outputs = [self._written(self.scaled[name], "") for name in self.graph.outputs]
         return _without_unused(self.out, self.units)
 
     def _unit_factor(self, name: str) -> Fraction | None:
@@ -268,39 +268,52 @@ class _Pusher:
         the inputs it multiplies, or the factor the inputs it adds share. Where those differ
         (`x - mean(x)`: f and f/n), the first one's is carried and the others are written as
         their ratio to it (1/n), so a factor every term brings passes on. The parts of a concat
-        keep their own (a bucket of gradients is sliced apart again): each is written whole."""
+        keep their own (a bucket of gradients is sliced apart again); a bucket that enters an op
+        other than a slice or a sum over ranks passes its first part's factor on, the parts
+        written as their ratio to it (so a factor every part brings, or one applied after, passes
+        on: a weight gradient of fused q, k and v pieces scaled apart)."""
         linear, multiply = self._linear_inputs(node)
-        linear = () if node.dtype not in FLOATS else tuple(
-            i for i in linear if not self.scaled[node.inputs[i]].parts)
+        module = node.source.module
+        if node.dtype not in FLOATS:
+            linear = ()
+        values = [self._led(self.scaled[name], module) if index in linear else self.scaled[name]
+                  for index, name in enumerate(node.inputs)]
         varying = [i for i in linear if not self._is_zero(node.inputs[i])]
-        factors = {self.scaled[node.inputs[i]].factor for i in varying}
+        factors = {values[i].factor for i in varying}
         if node.op == "concat" and len(factors) > 1:
             linear, varying = (), []
-        shared = ONE if multiply or not varying else self.scaled[node.inputs[varying[0]]].factor
+        shared = ONE if multiply or not varying else values[varying[0]].factor
         inputs, factor, source = [], ONE if multiply else shared, SourceLoc()
-        for index, name in enumerate(node.inputs):
-            value = self.scaled[name]
+        for index, value in enumerate(values):
             if index not in linear:
-                inputs.append(self._written(name, node.source.module))
+                inputs.append(self._written(self.scaled[node.inputs[index]], module))
             elif multiply or index not in varying:
                 inputs.append(value.core)
                 factor *= value.factor if multiply else ONE
             else:
-                inputs.append(self._written(name, node.source.module, shared))
+                inputs.append(self._written(value, module, shared))
             if index in linear and value.factor != ONE and not source.file:
                 source = value.source
         self.out.add(replace(node, inputs=tuple(inputs)))
         return Scaled(node.name, _snapped(factor), source)
 
-    def _written_parts(self, value: Scaled, module: str) -> str:
-        """A bucket's value: each part sliced from its core, times its factor, joined again."""
-        key = (value.core, value.key(), module)
+    def _led(self, value: Scaled, module: str) -> Scaled:
+        """A bucket as its parts written over its first part's factor, which it carries on."""
+        if not value.parts:
+            return value
+        lead = value.factor * value.parts[0][1]
+        return Scaled(self._written_parts(value, module, lead), lead, value.source)
+
+    def _written_parts(self, value: Scaled, module: str, carried: Fraction = ONE) -> str:
+        """A bucket's value over `carried`: each part sliced from its core, times its factor
+        divided by `carried`, joined again."""
+        key = (value.core, value.key(), module, carried)
         if key not in self.written:
             core, start, pieces = self.out[value.core], 0, []
             prefix = f"{value.core}.w{len(self.written)}"
             for k, (size, factor) in enumerate(value.parts):
                 piece = self.out.add(_piece(f"{prefix}.{k}", core, value.dim, start, start + size))
-                factor *= value.factor
+                factor *= value.factor / carried
                 if factor != ONE:
                     piece = self.out.add(Node(f"{prefix}.{k}x", "mul_scalar", (piece.name,),
                                               (("value", float(factor)),), piece.shape,
@@ -317,14 +330,13 @@ class _Pusher:
         value = self.constants.get(name)
         return value is not None and not bool(value.any())
 
-    def _written(self, name: str, module: str, carried: Fraction = ONE) -> str:
-        """The node holding `name`'s value over the factor `carried` on: its core, times its
-        factor divided by `carried` where that is not one. The product is written at the line
-        that last scaled the value, in the module that uses it (`module`; "" for a program
-        output), so that it falls in the user's region."""
-        value = self.scaled[name]
+    def _written(self, value: Scaled, module: str, carried: Fraction = ONE) -> str:
+        """The node holding `value` over the factor `carried` on: its core, times its factor
+        divided by `carried` where that is not one. The product is written at the line that
+        last scaled the value, in the module that uses it (`module`; "" for a program output),
+        so that it falls in the user's region."""
         if value.parts:
-            return self._written_parts(value, module)
+            return self._written_parts(value, module, carried)
         factor = value.factor / carried
         if factor == ONE:
             return value.core

@@ -199,6 +199,13 @@ def is_relational(term: Term) -> bool:
     return term.head in RELATIONAL and all(is_relational(a) for a in term.args)
 
 
+def reshape_count(term: Term) -> int:
+    """How many reshapes and transposes a relation applies to rank tensors."""
+    if not isinstance(term, App):
+        return 0
+    return (term.head in ("merge", "split", "transpose")) + sum(map(reshape_count, term.args))
+
+
 # Op keys: an op name plus its attributes, as one string (`mul_scalar|value=0.5`).
 
 def op_key(op: str, attrs: dict[str, Any]) -> str:

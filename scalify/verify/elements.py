@@ -316,15 +316,17 @@ def numbered_definition(encoded: str, deterministic: bool) -> Term | None:
 
 
 def follow_elements(value: str, candidates: list[Node], origins: Origins,
-                    order: dict[str, int]) -> str | None:
+                    order: dict[str, int], latest: bool = False) -> str | None:
     """A movement term over `candidates` (rank tensors) equal to the term `value`, or None when
-    some element of `value` is held by none of them."""
+    some element of `value` is held by none of them. Of tensors holding as many of its elements,
+    the earliest is taken, or with `latest` the last the ranks computed (their final layout)."""
     ids = origins.of(parse(value))
     if ids is None or ids.numel() == 0:
         return None
     wanted = set(ids.reshape(-1).tolist())
     holders: list[tuple[int, dict[int, int]]] = []  # per candidate: the wanted ids it holds
-    for index, candidate in sorted(enumerate(candidates), key=lambda c: order.get(c[1].name, 0)):
+    for index, candidate in sorted(enumerate(candidates), key=lambda c: order.get(c[1].name, 0),
+                                   reverse=latest):
         theirs = origins.of(App("dist", (candidate.name,)))
         if theirs is not None:
             places: dict[int, int] = {}

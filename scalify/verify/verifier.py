@@ -28,7 +28,7 @@ from ..placements import Custom, Placement, Replicate, Stage
 from ..report.model import Discrepancy
 from ..rules.families import LINEAR_UNARY_OPS, WINDOW_TRAITS
 from ..rules.terms import (App, Term, is_relational, leaves, op_key, parse, reads_dim_counts,
-                            render, shape_facts)
+                           render, reshape_count, shape_facts)
 from .constants import ConstantOrigins
 from .congruence import broadcast_term, rank_concat_relation, replicated_twins
 from .elements import HeldPiece, Origins, follow_elements, numbered_definition, replicas_of
@@ -408,9 +408,9 @@ class Verifier:
                 return None
             term = parse(outcome.term)
             if is_relational(term):
-                if related is None or _reshapes(term) < _reshapes(parse(related.term)):
+                if related is None or reshape_count(term) < reshape_count(parse(related.term)):
                     related = outcome
-                ahead = OPS[node.op].trait == MOVEMENT and _reshapes(term) > 0
+                ahead = OPS[node.op].trait == MOVEMENT and reshape_count(term) > 0
                 if not (depth < deeper and (ahead or replicated and self._fewer_replicas(
                         outcome.same, inputs))):
                     break
@@ -420,6 +420,9 @@ class Verifier:
                     windows.insert(windows.index((depth, look_through)) + 1, (deeper, look_through))
         if related is not None:
             outcome, term = related, parse(related.term)
+            copy = self._copy_past_movement(node, inputs, term, relations)
+            if copy is not None:
+                return self._brought_back(copy, runs, result)
             same = sorted(outcome.same, key=self.dist.order.get)
             chosen = leaf(same[0]) if term.head == "dist" and same else outcome.term  # lowest rank
             aliases = tuple((chosen, name) for name in same if leaf(name) != chosen)
@@ -460,17 +463,33 @@ class Verifier:
             result.deferred.pop(run.pending, None)
         return relation
 
+    def _copy_past_movement(self, node: Node, inputs: list[Relation], term: Term,
+                            relations: dict[str, Relation | None]) -> Relation | None:
+        """For a movement op whose relation still reshapes what the ranks hold: the ranks' copy
+        of its value past their own movement and exchanges (their layout after an all_to_all),
+        found by its elements, when it reshapes less. Later ops that read it (a weight gradient
+        contracting the tokens) then find the ranks' op without moving the value back."""
+        if OPS[node.op].trait != MOVEMENT or not reshape_count(term):
+            return None
+        leaves_in = {name for r in inputs for name in r.leaf_names()}
+        reach = self._window(leaves_in, region_of(node.source.module),
+                             2 * self.options.window_depth, look_through=True)
+        copy = self._follow(node, inputs, set(reach), relations, latest=True)
+        if copy is None or reshape_count(parse(copy.term)) >= reshape_count(term):
+            return None
+        return copy
+
     def _follow(self, node: Node, inputs: list[Relation], searched: set[str],
-                relations: dict[str, Relation | None]) -> Relation | None:
+                relations: dict[str, Relation | None], latest: bool = False) -> Relation | None:
         """The relation to the windows' rank tensors that hold the elements `node` computes,
         numbered by how they were computed (elements.py); replicas any relation names count as
-        the tensors they copy."""
+        the tensors they copy; `latest`: of tensors holding as many elements, the last computed."""
         if self.dist.symbolic:
             return None
         value = encode(node, [r.term for r in inputs], [self.ref[i].shape for i in node.inputs])
         origins = self._origins(relations)
         candidates = [self.dist.graph[name] for name in searched]
-        term = follow_elements(value, candidates, origins, self.dist.order)
+        term = follow_elements(value, candidates, origins, self.dist.order, latest)
         if term is None and self._whole_program_numbered:  # the ranks computed it elsewhere
             term = follow_elements(value, list(self.dist.graph), origins, self.dist.order)
         if term is None:
@@ -1040,13 +1059,6 @@ class Verifier:
                 if loc.file and loc not in lines and len(lines) < limit:
                     lines.append(loc)
         return lines
-
-
-def _reshapes(term: Term) -> int:
-    """How many reshapes and transposes a relation applies to rank tensors."""
-    if not isinstance(term, App):
-        return 0
-    return (term.head in ("merge", "split", "transpose")) + sum(_reshapes(a) for a in term.args)
 
 
 def _inherited(inputs: list[Relation], mentioned: set[str]) -> tuple[tuple[str, str], ...]:

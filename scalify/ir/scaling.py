@@ -39,6 +39,11 @@ SHARED_FACTOR: dict[str, tuple[int, ...]] = {
                            "embedding_grad", "all_gather", "all_to_all")},
     "add": (0, 1), "sub": (0, 1), "where": (1, 2), "concat": (),  # concat: every input
 }
+# Collectives: a bucket enters one with each part's factor written (every member's must agree).
+_EXCHANGES = frozenset({"all_reduce", "reduce_scatter", "all_gather", "all_to_all"})
+# Ops a bucket enters with each part's factor written: the collectives, and a slice across parts
+# (the shard of a flat buffer a rank owns).
+_PARTS_WRITTEN = _EXCHANGES | {"slice"}
 # Ops whose output's factor is the product of the listed inputs' factors.
 PRODUCT_OF_FACTORS: dict[str, tuple[int, ...]] = {"matmul": (0, 1), "mul": (0, 1), "div": (0,)}
 
@@ -268,16 +273,19 @@ class _Pusher:
         the inputs it multiplies, or the factor the inputs it adds share. Where those differ
         (`x - mean(x)`: f and f/n), the first one's is carried and the others are written as
         their ratio to it (1/n), so a factor every term brings passes on. The parts of a concat
-        keep their own (a bucket of gradients is sliced apart again); a bucket that enters an op
-        other than a slice or a sum over ranks passes its first part's factor on, the parts
-        written as their ratio to it (so a factor every part brings, or one applied after, passes
-        on: a weight gradient of fused q, k and v pieces scaled apart)."""
+        keep their own (a bucket of gradients is sliced apart again), and enter a slice across
+        them or a collective written whole; a bucket that enters another op (a merge across its
+        parts, a matmul) passes its first part's factor on, the parts written as their ratio to
+        it, so a factor every part brings, or one applied after, passes on (a weight gradient of
+        fused q, k and v pieces scaled apart)."""
         linear, multiply = self._linear_inputs(node)
         module = node.source.module
         if node.dtype not in FLOATS:
             linear = ()
-        values = [self._led(self.scaled[name], module) if index in linear else self.scaled[name]
+        values = [self._led(self.scaled[name], module)
+                  if index in linear and node.op not in _PARTS_WRITTEN else self.scaled[name]
                   for index, name in enumerate(node.inputs)]
+        linear = tuple(i for i in linear if not values[i].parts)  # (written whole)
         varying = [i for i in linear if not self._is_zero(node.inputs[i])]
         factors = {values[i].factor for i in varying}
         if node.op == "concat" and len(factors) > 1:
@@ -427,7 +435,7 @@ def _disagreeing(graphs: list[Graph], factors: list[dict[str, tuple]]) -> set[tu
         partners = match_collectives(graphs)
     except ScalifyError:
         return {(rank, node.name) for rank, graph in enumerate(graphs) for node in graph
-                if node.op in ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")}
+                if node.op in _EXCHANGES}
     disagreeing = set()
     for rank, graph in enumerate(graphs):
         for node in graph:

@@ -145,6 +145,34 @@ def test_each_part_of_a_bucket_keeps_its_factor() -> None:
         assert bucket.inputs == ("w", "b")  # (no factor inside the bucket)
 
 
+def _fused_pieces(factors: tuple[float, ...], outer: float) -> Graph:
+    """Fused q, k and v gradient pieces scaled apart, joined, merged across the join and summed
+    (a weight gradient), then scaled by `outer` (a data-parallel average)."""
+    b = GraphBuilder()
+    pieces = [b.emit("mul_scalar", [b.emit_placeholder(name, "input", (3, 2), "float32")],
+                     value=value) for name, value in zip("qkv", factors)]
+    rows = b.emit("merge", [b.concat(pieces, 1)], dim=0, inner=6)
+    summed = b.emit("sum", [rows], dim=0)
+    b.graph.outputs = [b.emit("mul_scalar", [summed], value=outer).name]
+    return b.graph
+
+
+def test_a_bucket_entering_another_op_carries_its_first_parts_factor() -> None:
+    """The pieces' first factor passes on and meets one applied after: pieces scaled
+    1/4 : 1/4 : 1/2 then averaged over two ranks, and 1/8 : 1/8 : 1/4 not averaged, give the same
+    nodes (the v piece's ratio 2 inside, 1/8 at the output) and the numbers they had."""
+    averaged, whole = _fused_pieces((0.25, 0.25, 0.5), 0.5), _fused_pieces((0.125, 0.125, 0.25), 1)
+    pushed = pushed_scales([averaged, whole])
+    for graph in pushed:
+        out = _output(graph)
+        assert (out.op, out.attr("value")) == ("mul_scalar", 0.125)
+        assert sorted(n.attr("value") for n in graph if n.op == "mul_scalar") == [0.125, 2.0]
+    env = {name: torch.randn(3, 2, dtype=torch.float64) for name in "qkv"}
+    for original, graph in zip((averaged, whole), pushed):
+        before, after = run_graph(original, env), run_graph(graph, env)
+        torch.testing.assert_close(after[graph.outputs[0]], before[original.outputs[0]])
+
+
 def _padded_bucket() -> Graph:
     """ZeRO's flat bucket: a gradient and zero padding end to end, reduced in two partitions
     that cut across the gradient, joined again and the gradient taken back."""

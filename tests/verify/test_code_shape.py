@@ -153,3 +153,4 @@ def test_a_router_over_flattened_tokens_sharded_by_batch_verifies():
                                     input_placements={"x": scalify.Shard(1)},
                                     output_placements=[scalify.Shard(1)] * 2, numeric=True)
     assert report.verdict == "verified", report.discrepancies or report.unknown
+

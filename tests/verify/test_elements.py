@@ -105,6 +105,24 @@ def test_each_batch_is_found_where_a_rank_computes_it():
     assert follow_elements(value, candidates, _origins(wrong), order) is None
 
 
+def test_the_last_tensor_holding_the_elements_is_taken_when_asked():
+    """A value the ranks hold twice (a transposed copy, then its transpose back after their
+    exchange): the earliest holder by default, the last (plain, no reshape) with `latest`."""
+    value = '(concat (dist "r0/a") (dist "r1/a") 0 2 2)'
+    candidates = [_node(f"r{rank}/{name}", op, [f"r{rank}/{source}"], shape)
+                  for rank in (0, 1) for name, op, source, shape in (
+                      ("t", "transpose", "a", (3, 2, 4)), ("c", "transpose", "t", (2, 3, 4)))]
+    order = {node.name: index for index, node in enumerate(candidates)}
+    definitions = {f"r{rank}/{name}": f'(transpose (dist "r{rank}/{source}") 0 1)'
+                   for rank in (0, 1) for name, source in (("t", "a"), ("c", "t"))}
+    earliest = follow_elements(value, candidates, _origins(definitions), order)
+    latest = follow_elements(value, candidates, _origins(definitions), order, latest=True)
+    assert "r0/t" in earliest and "transpose" in earliest
+    assert "r0/c" in latest and "r1/c" in latest and "transpose" not in latest
+    values = {"r0/c": torch.randn(2, 3, 4), "r1/c": torch.randn(2, 3, 4)}
+    assert torch.equal(evaluate(parse(latest), values), torch.cat([values["r0/c"], values["r1/c"]]))
+
+
 def test_elements_computed_alike_on_replicas_are_one():
     """Two ranks' copies of a replicated weight, once named replicas, number alike."""
     definitions = {"r0/c": '(unary "neg" (dist "r0/w"))', "r1/c": '(unary "neg" (dist "r1/w"))'}

@@ -32,14 +32,12 @@ class Discrepancy:
         return f"{self.ref_source} (reference; no rank op found)"
 
     def lines(self) -> set[tuple[str, int]]:
-        """Every distributed source line the discrepancy names, with the lines that called them
-        the lines whose scalar factors were moved into them and the lines that passed their
-        values on (returned, copied, or wrote them into a buffer); for the op and its path, also
-        the lines that set the Python values (offsets, scales, groups) their lines read."""
-        places = [place for loc in [self.dist_source, *self.path]
+        """Every distributed source line the discrepancy names, with the lines that called them,
+        the lines whose scalar factors were moved into them, the lines that passed their values
+        on (returned, copied, or wrote them into a buffer) and the lines that set the Python
+        values (offsets, scales, groups) their lines read: what the report shows of each."""
+        places = [place for loc in [self.dist_source, *self.path, *self.nearby]
                   for place in (*loc.callers, *loc.scaled_at, *loc.passed_at, *loc.values_from)]
-        places += [place for loc in self.nearby
-                   for place in (*loc.callers, *loc.scaled_at, *loc.passed_at)]
         named = {(loc.file, loc.line) for loc in [self.dist_source, *self.path, *self.nearby]
                  if loc.file}
         for place in places:

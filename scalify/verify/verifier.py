@@ -469,8 +469,8 @@ class Verifier:
         of its value past their own movement and exchanges (their layout after an all_to_all),
         found by its elements, when it reshapes less. Later ops that read it (a weight gradient
         contracting the tokens) then find the ranks' op without moving the value back."""
-        if OPS[node.op].trait != MOVEMENT or not reshape_count(term):
-            return None
+        if self.dist.symbolic or OPS[node.op].trait != MOVEMENT or not reshape_count(term):
+            return None  # (a symmetric program's elements are not numbered)
         leaves_in = {name for r in inputs for name in r.leaf_names()}
         reach = self._window(leaves_in, region_of(node.source.module),
                              2 * self.options.window_depth, look_through=True)

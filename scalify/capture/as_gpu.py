@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterator
 from unittest import mock
 
 import torch
+from torch.autograd.function import BackwardCFunction
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import _disable_current_modes
 
@@ -131,9 +132,19 @@ def cuda_patched(devices: int = 8) -> Iterator[None]:
         yield
 
 
-def on_device(device: torch.device) -> _OnDevice:
-    """CUDA devices named in calls of this thread are `device` while inside."""
-    return _OnDevice(device)
+@contextmanager
+def on_device(device: torch.device) -> Iterator[None]:
+    """CUDA devices named in calls of this thread are `device` while inside, in the backward of
+    custom autograd Functions too (the autograd engine runs them without Python function modes:
+    Megatron's sequence-parallel gather allocates on `torch.cuda.current_device()` there)."""
+    user_backward = BackwardCFunction.apply
+
+    def apply(node: BackwardCFunction, *args: Any) -> Any:
+        with _OnDevice(device):
+            return user_backward(node, *args)
+
+    with _OnDevice(device), mock.patch.object(BackwardCFunction, "apply", apply):
+        yield
 
 
 @contextmanager

@@ -4,6 +4,7 @@ import contextlib
 
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch import nn
 
@@ -87,3 +88,53 @@ def test_patches_are_restored():
         assert torch.zeros(2, device=0).is_meta and torch.ones(1).cuda().is_meta
     assert torch.cuda.is_available() == available
     assert not hasattr(torch.cuda, "default_generators") or torch.cuda.default_generators == ()
+
+
+class _GatherSequence(torch.autograd.Function):
+    """Megatron's sequence-parallel gather: all-gather the rows forward, reduce-scatter the
+    gradient backward; both allocate on `torch.cuda.current_device()`."""
+
+    @staticmethod
+    def forward(ctx, x):
+        out = torch.empty((2 * x.shape[0], *x.shape[1:]), dtype=x.dtype,
+                          device=torch.cuda.current_device())
+        dist.all_gather_into_tensor(out, x.contiguous())
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        mine = torch.empty((grad.shape[0] // 2, *grad.shape[1:]), dtype=grad.dtype,
+                           device=torch.cuda.current_device())
+        dist.reduce_scatter_tensor(mine, grad.contiguous())
+        return mine
+
+
+class _SequenceParallelStep(nn.Module):
+    """A scale (a norm's weight) on sequence-parallel rows, gathered into a column-parallel
+    layer; a training step, the scale's gradient summed over the rows' ranks."""
+
+    def __init__(self, ranks: bool) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.randn(HIDDEN))
+        self.up, self.ranks = nn.Linear(HIDDEN, FFN // 2 if ranks else FFN, bias=False), ranks
+
+    def forward(self, x):
+        rows = x * self.scale
+        rows = _GatherSequence.apply(rows) if self.ranks else rows
+        loss = F.gelu(self.up(rows)).pow(2).sum()  # on the ranks, their columns' share
+        scale, up = torch.autograd.grad(loss, [self.scale, self.up.weight])
+        if self.ranks:
+            loss = funcol.all_reduce(loss.detach(), "sum", dist.group.WORLD)
+            scale = funcol.all_reduce(scale, "sum", dist.group.WORLD)
+        return loss, scale, up
+
+
+def test_a_custom_function_allocating_on_the_gpu_in_its_backward_verifies():
+    """The autograd engine runs a Function's backward without Python function modes; the
+    capture still puts its CUDA allocations where the capture runs."""
+    report = scalify.verify_modules(
+        _SequenceParallelStep(False), lambda rank: _SequenceParallelStep(True), 2,
+        {"x": torch.randn(TOKENS, HIDDEN)}, {"up.weight": Shard(0)}, {"x": Shard(0)},
+        output_placements=[Replicate(), Replicate(), Shard(0)], numeric=True, grad=True)
+    assert report.verdict == "verified", report.discrepancies or report.unknown
+    assert report.numeric["agrees"]

@@ -1,6 +1,6 @@
 """Scalify on the corpus: every case verified (correct) or caught at its `# BUG` line (buggy).
 
-    python -m tests.corpus.verify_cases [CASE ...] [--json FILE] [--jobs N]  # (make corpus)
+    python -m tests.corpus.verify_cases [CASE ...] [--json FILE]    # (make corpus) the table
 
 Prints one line per case as it finishes, then the table per style and step: verified of the
 correct cases, caught and localized of the buggy ones, crashes and unknowns, and every false
@@ -18,7 +18,6 @@ import sys
 import time
 import traceback
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -35,11 +34,9 @@ from .cases import Case, case_paths, load
 WINDOW_SECONDS = 60.0
 # A case gets a process of its own with this much time and address space: a window whose
 # e-graph outgrows them inside one egglog iteration (which cannot be interrupted) makes that
-# case unknown instead of taking the whole run down. JOBS cases run at once (the CI machine's
-# cores; a case's proof runs on one), within the machine's 24 GiB together.
+# case unknown instead of taking the whole run down.
 CASE_SECONDS = 400.0
-CASE_MEMORY = 10 << 30
-JOBS = 2
+CASE_MEMORY = 14 << 30
 # The run's own deadline, inside the case's time with room for one window and the numbers:
 # what it found by then is reported (a bug caught before it stands), the rest unknown. (A
 # training step that is proved only with its scalar factors moved runs two attempts: DeepSpeed-
@@ -137,15 +134,6 @@ def _run_and_send(path: Path, send: Any) -> None:
     send.send(run(load(path)))
 
 
-def _run_and_print(path: Path) -> Outcome:
-    outcome = run_bounded(path)
-    mark = "ok  " if outcome.as_expected else "MISS"
-    where = f" (at the bug's line, one of {outcome.named} named)" if outcome.localized else ""
-    print(f"{mark} {outcome.name} [{outcome.step}, {'bug' if outcome.buggy else 'correct'}]: "
-          f"{outcome.verdict}{where} in {outcome.seconds:.1f} s {outcome.detail}", flush=True)
-    return outcome
-
-
 def table(outcomes: list[Outcome]) -> str:
     """Per style and step: verified/correct, caught/bugs, localized/bugs, refusals (a one-line
     Scalify error), crashes, unknowns."""
@@ -172,11 +160,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("cases", nargs="*", help="cases (style/name or part of it); default all")
     parser.add_argument("--json", help="also write the outcomes to this file")
-    parser.add_argument("--jobs", type=int, default=JOBS, help=f"cases at once (default {JOBS})")
     args = parser.parse_args(argv)
-    paths = case_paths(args.cases)
-    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        outcomes = list(pool.map(_run_and_print, paths))
+    outcomes = []
+    for path in case_paths(args.cases):
+        outcome = run_bounded(path)
+        outcomes.append(outcome)
+        mark = "ok  " if outcome.as_expected else "MISS"
+        where = (f" (at the bug's line, one of {outcome.named} named)" if outcome.localized
+                 else "")
+        print(f"{mark} {outcome.name} [{outcome.step}, {'bug' if outcome.buggy else 'correct'}]: "
+              f"{outcome.verdict}{where} in {outcome.seconds:.1f} s {outcome.detail}", flush=True)
     print(table(outcomes))
     named = sorted(o.named for o in outcomes if o.buggy and o.verdict == "discrepancy")
     if named:  # how narrow "at the bug's line" is

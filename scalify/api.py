@@ -179,8 +179,10 @@ class _Attempt:
         at a scaling): `moved` if it verifies or finds discrepancies too (the two forms differ
         at scalings, and `moved` tells whether the scales agree), else this one; this one too
         when `moved` first parts at a reference op before this one's first discrepancy (an op
-        the code as written was proved at: a factor written down where the ranks' was not)."""
-        if moved.verified:
+        the code as written was proved at: a factor written down where the ranks' was not).
+        `moved` when the deadline cut it short before any discrepancy: unknown, since the form
+        that decides scalings might have verified."""
+        if moved.verified or moved.result.unchecked and not moved.result.discrepancies:
             return moved
         if not moved.result.discrepancies:
             return self

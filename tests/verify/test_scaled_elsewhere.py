@@ -1,6 +1,7 @@
 """The same math scaled at another place verifies: a data-parallel mean taken per rank, summed
 over ranks and divided by the world size is the reference's mean over the whole batch; a
 divisor that is wrong is still caught."""
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import torch.distributed._functional_collectives as funcol
 from torch import nn
 
 import scalify
+from scalify.engine.inline import InlineExecutor
 
 ROWS, HIDDEN, WORLD = 4, 8, 2
 
@@ -33,7 +35,20 @@ class DataParallelMeanLoss(MeanLoss):
         return funcol.all_reduce(local, "sum", dist.group.WORLD) / self.divisor
 
 
-def _verify(divisor: int):
+@dataclass
+class DeadlineAfterFirstAttempt(InlineExecutor):
+    """Runs the first proof attempt as asked and any later one with its deadline passed."""
+
+    attempts: int = 0
+
+    def run(self, job, progress=lambda done, total: None):
+        if self.attempts:
+            job = replace(job, options=replace(job.options, deadline=0.0))
+        self.attempts += 1
+        return super().run(job, progress)
+
+
+def _verify(divisor: int, executor=None):
     with torch.device("meta"):
         reference = MeanLoss()
     return scalify.verify_modules(
@@ -41,7 +56,7 @@ def _verify(divisor: int):
         rank_module_factory=lambda rank: DataParallelMeanLoss(divisor).to("meta"),
         world_size=WORLD, example_inputs={"x": torch.empty(ROWS, HIDDEN, device="meta")},
         input_placements={"x": scalify.Shard(0)}, output_placements=[scalify.Replicate()],
-        numeric=True)
+        numeric=True, executor=executor)
 
 
 def test_a_mean_per_rank_averaged_over_ranks_is_the_global_mean():
@@ -56,3 +71,10 @@ def test_a_wrong_divisor_is_caught_at_its_line(divisor):
     assert report.verdict == "discrepancy" and not report.numeric["agrees"]
     where = report.discrepancies[0].dist_source
     assert "/ self.divisor" in Path(where.file).read_text().splitlines()[where.line - 1]
+
+
+def test_a_deadline_passed_while_factors_are_moved_is_unknown_not_a_discrepancy():
+    report = _verify(divisor=WORLD, executor=DeadlineAfterFirstAttempt())
+    assert report.verdict == "unknown" and report.numeric["agrees"]
+    assert report.stats["scalar_factors"] == "moved"
+    assert any("deadline" in reason for reason in report.unknown)

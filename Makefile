@@ -23,7 +23,7 @@ test: venv
 	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not slow"
 
 # The tests of minutes each (marked `slow`: the fused-QKV training cells of the matrix, a
-# planted bug in neuronx's fused QKV); CI runs them after `make test`.
+# planted bug in neuronx's fused QKV); run them before a release (CI leaves them out for its time).
 test-slow: venv
 	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m slow
 

@@ -41,6 +41,7 @@ from .rules import context
 from .verify.numeric import cross_check, rank_values
 from .verify.relations import even_placements
 from .verify.session import WindowLimits
+from .verify.store import ProofStore
 from .verify.verifier import VerifyOptions
 
 Progress = Callable[[str, int, int], None]
@@ -249,7 +250,9 @@ def verify_graphs(ref_graph: Graph, rank_graphs: list[Graph], placements: dict[s
     attempt = _Attempt.of(ref_graph, rank_graphs, placements, options, numeric and not assumed)
     timings["lowering_s"] = time.perf_counter() - start
     start = time.perf_counter()
-    executor = executor or InlineExecutor()
+    # (one store for both attempts: the windows the moving leaves alone are proved once)
+    executor = executor or InlineExecutor(
+        ProofStore(":memory:") if options.memo and not options.memo_store else None)
     attempt.run(executor, options, placements, outputs, progress, "verify")
     first = attempt.result.discrepancies[:1]
     origin = first and attempt.result.run_origins.get(first[0].ref_node)

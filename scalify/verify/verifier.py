@@ -472,25 +472,24 @@ class Verifier:
         if self.dist.symbolic or OPS[node.op].trait != MOVEMENT or not reshape_count(term):
             return None  # (a symmetric program's elements are not numbered)
         leaves_in = {name for r in inputs for name in r.leaf_names()}
-        reach = self._window(leaves_in, region_of(node.source.module),
-                             2 * self.options.window_depth, look_through=True)
-        copy = self._follow(node, inputs, set(reach), relations, latest=True)
-        if copy is None or reshape_count(parse(copy.term)) >= reshape_count(term):
-            return None
-        return copy
+        moved = self._moved_to(leaves_in, region_of(node.source.module))
+        copy = self._follow(node, inputs, moved, relations, latest=True, anywhere=False)
+        return copy if copy and reshape_count(parse(copy.term)) < reshape_count(term) else None
 
     def _follow(self, node: Node, inputs: list[Relation], searched: set[str],
-                relations: dict[str, Relation | None], latest: bool = False) -> Relation | None:
+                relations: dict[str, Relation | None], latest: bool = False,
+                anywhere: bool = True) -> Relation | None:
         """The relation to the windows' rank tensors that hold the elements `node` computes,
         numbered by how they were computed (elements.py); replicas any relation names count as
-        the tensors they copy; `latest`: of tensors holding as many elements, the last computed."""
+        the tensors they copy; `latest`: of tensors holding as many elements, the last computed;
+        `anywhere`: failing those, any tensor of a program small enough to search whole."""
         if self.dist.symbolic:
             return None
         value = encode(node, [r.term for r in inputs], [self.ref[i].shape for i in node.inputs])
         origins = self._origins(relations)
         candidates = [self.dist.graph[name] for name in searched]
         term = follow_elements(value, candidates, origins, self.dist.order, latest)
-        if term is None and self._whole_program_numbered:  # the ranks computed it elsewhere
+        if term is None and anywhere and self._whole_program_numbered:  # computed elsewhere
             term = follow_elements(value, list(self.dist.graph), origins, self.dist.order)
         if term is None:
             return None
@@ -640,6 +639,18 @@ class Verifier:
                 (queue.appendleft if moves else queue.append)(user)
         window = sorted((n for n in depth if n not in start), key=self.dist.order.get)
         return window[:self.options.max_window_nodes]
+
+    def _moved_to(self, start: set[str], region: str | None) -> set[str]:
+        """The tensors of `region` that `start`'s members are moved or exchanged into, by data
+        movement only (their elements are `start`'s: numbering them costs no arithmetic)."""
+        found, stack = set(), list(start)
+        while stack:
+            for user in self.users[stack.pop()]:
+                if (user not in found and self.dist.graph[user].op in _MOVES_DATA
+                        and self.region[user] == region):
+                    found.add(user)
+                    stack.append(user)
+        return found
 
     def _moved_from(self, start: set[str], region: str | None) -> set[str]:
         """`start` and the tensors its members were moved from (a rank's merge of rows whose

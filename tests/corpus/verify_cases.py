@@ -1,6 +1,6 @@
 """Scalify on the corpus: every case verified (correct) or caught at its `# BUG` line (buggy).
 
-    python -m tests.corpus.verify_cases [CASE ...] [--json FILE]    # (make corpus) the table
+    python -m tests.corpus.verify_cases [CASE ...] [--json FILE] [--deadline S]  # make corpus
 
 Prints one line per case as it finishes, then the table per style and step: verified of the
 correct cases, caught and localized of the buggy ones, crashes and unknowns, and every false
@@ -35,13 +35,13 @@ WINDOW_SECONDS = 60.0
 # A case gets a process of its own with this much time and address space: a window whose
 # e-graph outgrows them inside one egglog iteration (which cannot be interrupted) makes that
 # case unknown instead of taking the whole run down.
-CASE_SECONDS = 400.0
 CASE_MEMORY = 14 << 30
-# The run's own deadline, inside the case's time with room for one window and the numbers:
-# what it found by then is reported (a bug caught before it stands), the rest unknown. (A
-# training step that is proved only with its scalar factors moved runs two attempts: DeepSpeed-
-# Ulysses' takes about 210 s alone on this 2-core machine.)
+# The run's own deadline (--deadline), inside the case's time with room for one window and the
+# numbers: what it found by then is reported (a bug caught before it stands), the rest unknown.
+# (A training step that is proved only with its scalar factors moved runs two attempts:
+# DeepSpeed-Ulysses' takes about 200 s alone on this 2-core machine.)
 DEADLINE_SECONDS = 300.0
+CASE_SECONDS_PAST_DEADLINE = 100.0
 
 
 @dataclass(frozen=True)
@@ -63,8 +63,8 @@ class Outcome:
         return self.verdict == ("discrepancy" if self.buggy else "verified")
 
 
-def run(case: Case) -> Outcome:
-    """Verify one case with the public API."""
+def run(case: Case, deadline_seconds: float = DEADLINE_SECONDS) -> Outcome:
+    """Verify one case with the public API, within `deadline_seconds` of its start."""
     module = case.module
     start = time.perf_counter()
     verdict, localized, detail, named = "crash", False, "", 0
@@ -79,7 +79,7 @@ def run(case: Case) -> Outcome:
             output_placements=list(module.OUTPUT_PLACEMENTS), numeric=True,
             grad=case.step == "training", name=case.name, assume=assumed,
             options=VerifyOptions(limits=WindowLimits(seconds=WINDOW_SECONDS),
-                                  deadline=time.time() + DEADLINE_SECONDS))
+                                  deadline=time.time() + deadline_seconds))
         verdict = report.verdict
         if report.discrepancies:
             first = report.discrepancies[0]
@@ -102,19 +102,21 @@ def run(case: Case) -> Outcome:
                    time.perf_counter() - start, detail, named)
 
 
-def run_bounded(path: Path) -> Outcome:
-    """`run` in a child process within CASE_SECONDS and CASE_MEMORY; past them, unknown. The
+def run_bounded(path: Path, deadline_seconds: float = DEADLINE_SECONDS) -> Outcome:
+    """`run` in a child process within CASE_SECONDS_PAST_DEADLINE of its deadline and within
+    CASE_MEMORY; past them, unknown. The
     children fork from a server that has imported Scalify but never run egglog (a fork of a
     process whose egglog thread pool runs would wait on threads it does not have)."""
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload([__name__])
     case = load(path)
     receive, send = context.Pipe(duplex=False)
-    child = context.Process(target=_run_and_send, args=(path, send))
+    child = context.Process(target=_run_and_send, args=(path, send, deadline_seconds))
+    case_seconds = deadline_seconds + CASE_SECONDS_PAST_DEADLINE
     start = time.perf_counter()
     child.start()
     send.close()
-    if receive.poll(CASE_SECONDS):
+    if receive.poll(case_seconds):
         try:
             outcome = receive.recv()
             child.join()
@@ -123,15 +125,15 @@ def run_bounded(path: Path) -> Outcome:
             pass
     child.kill()
     child.join()
-    reason = (f"no verdict within {CASE_SECONDS:g} s" if child.exitcode == -signal.SIGKILL
+    reason = (f"no verdict within {case_seconds:g} s" if child.exitcode == -signal.SIGKILL
               else f"the verifier ran out of its {CASE_MEMORY >> 30} GiB (exit {child.exitcode})")
     return Outcome(case.name, case.style, case.step, case.buggy, "unknown", False,
                    time.perf_counter() - start, f"{reason}: a window's e-graph kept growing")
 
 
-def _run_and_send(path: Path, send: Any) -> None:
+def _run_and_send(path: Path, send: Any, deadline_seconds: float) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (CASE_MEMORY, CASE_MEMORY))
-    send.send(run(load(path)))
+    send.send(run(load(path), deadline_seconds))
 
 
 def table(outcomes: list[Outcome]) -> str:
@@ -160,10 +162,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("cases", nargs="*", help="cases (style/name or part of it); default all")
     parser.add_argument("--json", help="also write the outcomes to this file")
+    parser.add_argument("--deadline", type=float, default=DEADLINE_SECONDS, metavar="SECONDS",
+                        help="each case's proof deadline (default %(default)g): past it, what "
+                        "is not proved is unknown")
     args = parser.parse_args(argv)
     outcomes = []
     for path in case_paths(args.cases):
-        outcome = run_bounded(path)
+        outcome = run_bounded(path, args.deadline)
         outcomes.append(outcome)
         mark = "ok  " if outcome.as_expected else "MISS"
         where = (f" (at the bug's line, one of {outcome.named} named)" if outcome.localized

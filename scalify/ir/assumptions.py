@@ -12,7 +12,7 @@ proof then holds for every input within the ranges, and the report says so.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Mapping
+from typing import Callable, Mapping
 
 import torch
 
@@ -24,9 +24,20 @@ from .simplify import with_aliases
 # Ops whose output takes only values of their first input (data movement).
 _MOVES_VALUES = frozenset({"merge", "split", "unsqueeze", "squeeze", "transpose", "expand",
                            "slice", "cast"})
-# The comparisons a range decides: equality with a value outside it (an ignore index, a padding
-# id). Orderings stay: they are how shards mask ids, and the proof relates them as written.
-_DECIDED = frozenset({"eq_scalar", "ne_scalar"})
+# Whether x `op` value holds for every x in [low, high] (True), for none (False), or neither
+# (None). Equality is decided by any range (an ignore index, a padding id outside it); orderings
+# by intrinsic ranges only: under assumed ranges they are how shards mask ids, and the proof
+# relates them as written.
+_EQUALITIES: dict[str, Callable[[ValueRange, float], bool | None]] = {
+    "eq_scalar": lambda r, v: False if not r.low <= v <= r.high else (True if r.low == r.high else None),
+    "ne_scalar": lambda r, v: True if not r.low <= v <= r.high else (False if r.low == r.high else None),
+}
+_ORDERINGS: dict[str, Callable[[ValueRange, float], bool | None]] = {
+    "lt_scalar": lambda r, v: True if r.high < v else (False if r.low >= v else None),
+    "le_scalar": lambda r, v: True if r.high <= v else (False if r.low > v else None),
+    "gt_scalar": lambda r, v: True if r.low > v else (False if r.high <= v else None),
+    "ge_scalar": lambda r, v: True if r.low >= v else (False if r.high < v else None),
+}
 
 
 @dataclass(frozen=True)
@@ -48,10 +59,11 @@ class ValueRange:
 
 
 def value_ranges(graphs: list[Graph], assumed: Mapping[str, ValueRange]) -> list[dict[str, ValueRange]]:
-    """Each graph's nodes whose values the assumptions bound (the graphs are one program's
-    ranks, so an all_gather's range is the union of its members')."""
+    """Each graph's integer and boolean nodes whose values the assumptions or the ops themselves
+    bound (the graphs are one program's ranks, so an all_gather's range is the union of its
+    members')."""
     ranges: list[dict[str, ValueRange]] = [{} for _ in graphs]
-    partners = match_collectives(graphs) if len(graphs) > 1 else {}
+    partners: dict | None = None
     changed = True
     while changed:  # a gathered range is known once every member's input is
         changed = False
@@ -60,38 +72,89 @@ def value_ranges(graphs: list[Graph], assumed: Mapping[str, ValueRange]) -> list
             for node in graph:
                 if node.name in known:
                     continue
-                found = _range(node, known, assumed, partners.get(qualified(rank, node.name)), ranges)
+                if node.op == "all_gather":
+                    if partners is None:
+                        partners = match_collectives(graphs) if len(graphs) > 1 else {}
+                    found = _gathered(partners.get(qualified(rank, node.name)), ranges)
+                else:
+                    found = _range(node, graph, known, assumed)
                 if found is not None:
                     known[node.name] = found
                     changed = True
     return ranges
 
 
-def _range(node: Node, known: dict[str, ValueRange], assumed: Mapping[str, ValueRange],
-           partners: tuple | None, ranges: list[dict[str, ValueRange]]) -> ValueRange | None:
+def _range(node: Node, graph: Graph, known: dict[str, ValueRange],
+           assumed: Mapping[str, ValueRange]) -> ValueRange | None:
     if node.op == "placeholder":
         return assumed.get(node.attr("target")) if node.attr("kind") == "input" else None
+    if node.dtype == "bool":
+        return ValueRange(0, 1)
+    if not _integral(node.dtype):
+        return None
+    inputs = [known.get(i) for i in node.inputs]
+    if node.op == "iota":
+        last = node.attr("start") + node.attr("step") * (node.shape[0] - 1)
+        return ValueRange(min(node.attr("start"), last), max(node.attr("start"), last))
+    if node.op == "full" and isinstance(node.attr("value"), (int, bool)):
+        return ValueRange(int(node.attr("value")), int(node.attr("value")))
+    if node.op == "topk_index":
+        return ValueRange(0, graph[node.inputs[0]].shape[-1] - 1)
+    if not inputs or None in inputs:
+        return None
     if node.op in _MOVES_VALUES or node.op == "concat":
-        inputs = [known.get(i) for i in node.inputs]
-        if not inputs or None in inputs or (node.op == "cast" and not _integral(node.dtype)):
-            return None
-        result = inputs[0]
-        for other in inputs[1:]:
-            result = result.union(other)
-        return result
-    shift = node.attr("value")
-    if node.op == "add_scalar" and node.inputs[0] in known and isinstance(shift, int):
-        bound = known[node.inputs[0]]
-        return ValueRange(bound.low + shift, bound.high + shift)
-    if node.op == "all_gather" and partners is not None:
-        members = [ranges[member].get(name) for member, name in partners[0]]
-        if None in members:
-            return None
-        result = members[0]
-        for other in members[1:]:
-            result = result.union(other)
-        return result
+        return _union(inputs)
+    value = node.attr("value")
+    if node.op == "add_scalar" and isinstance(value, int) and not isinstance(value, bool):
+        return ValueRange(inputs[0].low + value, inputs[0].high + value)
+    if node.op == "mul_scalar" and isinstance(value, int) and not isinstance(value, bool):
+        return _spanned([inputs[0].low * value, inputs[0].high * value])
+    if node.op == "add":
+        return ValueRange(inputs[0].low + inputs[1].low, inputs[0].high + inputs[1].high)
+    if node.op == "sub":
+        return ValueRange(inputs[0].low - inputs[1].high, inputs[0].high - inputs[1].low)
+    if node.op == "mul":
+        return _product(*inputs)
+    if node.op == "sum":
+        return _times(inputs[0], _count(graph[node.inputs[0]].shape, node.shape))
+    if node.op == "matmul":  # a sum of `inner` products
+        return _times(_product(*inputs), graph[node.inputs[0]].shape[-1])
     return None
+
+
+def _gathered(partners: tuple | None, ranges: list[dict[str, ValueRange]]) -> ValueRange | None:
+    if partners is None:
+        return None
+    members = [ranges[member].get(name) for member, name in partners[0]]
+    return None if None in members else _union(members)
+
+
+def _union(ranges: list[ValueRange]) -> ValueRange:
+    result = ranges[0]
+    for other in ranges[1:]:
+        result = result.union(other)
+    return result
+
+
+def _spanned(values: list[int]) -> ValueRange:
+    return ValueRange(min(values), max(values))
+
+
+def _product(a: ValueRange, b: ValueRange) -> ValueRange:
+    return _spanned([a.low * b.low, a.low * b.high, a.high * b.low, a.high * b.high])
+
+
+def _times(bound: ValueRange, count: int) -> ValueRange:
+    """The range of a sum of `count` values in `bound`."""
+    return _spanned([bound.low * count, bound.high * count])
+
+
+def _count(before: tuple[int, ...], after: tuple[int, ...]) -> int:
+    """How many values a reduction from `before` to `after` (kept dims) sums into each."""
+    count = 1
+    for size, kept in zip(before, after):
+        count *= size // kept if kept else 1
+    return count
 
 
 def _integral(dtype: str) -> bool:
@@ -99,11 +162,9 @@ def _integral(dtype: str) -> bool:
 
 
 def assuming(graphs: list[Graph], assumed: Mapping[str, ValueRange]) -> list[Graph]:
-    """The graphs with every comparison the assumed ranges decide replaced by its constant, and
-    masks, conditions and factors that are then constant dropped (the graphs are one program's
-    ranks, or the reference alone)."""
-    if not assumed:
-        return graphs
+    """The graphs with every comparison the ranges decide (the assumed ones and the ops' own)
+    replaced by its constant, and masks, conditions and factors that are then constant dropped
+    (the graphs are one program's ranks, or the reference alone)."""
     inputs = {node.attr("target"): node for node in graphs[0].placeholders()
               if node.attr("kind") == "input"}
     for name in assumed:
@@ -111,21 +172,26 @@ def assuming(graphs: list[Graph], assumed: Mapping[str, ValueRange]) -> list[Gra
             what = f"a {inputs[name].dtype} input" if name in inputs else "not an input"
             raise ScalifyError(f"assume.{name}: a range is assumed of integer inputs; {name} is "
                                f"{what} (inputs: {', '.join(sorted(inputs))})")
-    return [_simplified(_decided(graph, known))
-            for graph, known in zip(graphs, value_ranges(graphs, assumed))]
+    with_assumed = value_ranges(graphs, assumed)
+    intrinsic = value_ranges(graphs, {}) if assumed else with_assumed
+    return [_decided(graph, known, own) for graph, known, own in zip(graphs, with_assumed, intrinsic)]
 
 
-def _decided(graph: Graph, known: dict[str, ValueRange]) -> Graph:
-    result = Graph(outputs=list(graph.outputs))
+def _decided(graph: Graph, known: dict[str, ValueRange], intrinsic: dict[str, ValueRange]) -> Graph:
+    values = constant_values(graph)
+    result, decided = Graph(outputs=list(graph.outputs)), False
     for node in graph:
-        bound = known.get(node.inputs[0]) if node.op in _DECIDED else None
         value = node.attr("value")
-        if (bound is not None and isinstance(value, (int, float)) and not isinstance(value, bool)
-                and not bound.low <= value <= bound.high):
+        test = _EQUALITIES.get(node.op) or _ORDERINGS.get(node.op)
+        bound = (known if node.op in _EQUALITIES else intrinsic).get(node.inputs[0]) if test else None
+        holds = (test(bound, value) if bound is not None and node.name not in values
+                 and isinstance(value, (int, float)) and not isinstance(value, bool) else None)
+        if holds is not None:
             node = replace(node, op="full", inputs=(), attrs=(
-                ("dtype", node.dtype), ("shape", node.shape), ("value", node.op == "ne_scalar")))
+                ("dtype", node.dtype), ("shape", node.shape), ("value", holds)))
+            decided = True
         result.add(node)
-    return result
+    return _simplified(result) if decided else graph
 
 
 def _simplified(decided: Graph) -> Graph:

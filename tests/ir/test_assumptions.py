@@ -1,4 +1,4 @@
-"""Assumed input ranges decide equality tests before the proof, and only where they may."""
+"""Assumed input ranges, and the ranges ops bound on their own, decide comparisons before the proof, and only where they may."""
 from __future__ import annotations
 
 import torch
@@ -49,11 +49,12 @@ def _node(name: str, op: str, inputs: tuple[str, ...], size: tuple[int, ...], dt
 
 
 def _broadcast_rank(root: bool) -> Graph:
-    """Rank 0 broadcasts its labels (a block of an all_gather); every rank tests them."""
+    """Rank 0 broadcasts its labels (a block of an all_gather); every rank tests them. Unless
+    `root`, the rank brings an input of its own, which nothing bounds."""
     graph = Graph()
     graph.add(_node("labels", "placeholder", (), (4,), kind="input", target="labels", shape=(4,)))
-    graph.add(_node("zeros", "full", (), (4,), value=0, dtype="int64", shape=(4,)))
-    graph.add(_node("gathered", "all_gather", ("labels" if root else "zeros",), (8,), group=(0, 1),
+    graph.add(_node("own", "placeholder", (), (4,), kind="input", target="own", shape=(4,)))
+    graph.add(_node("gathered", "all_gather", ("labels" if root else "own",), (8,), group=(0, 1),
                     shape=(8,)))
     graph.add(_node("root", "slice", ("gathered",), (4,), dim=0, start=0, end=4))
     graph.add(_node("ignored", "eq_scalar", ("root",), (4,), "bool", value=-100))
@@ -66,5 +67,49 @@ def test_ranges_cross_a_gather_only_when_every_member_brings_one() -> None:
     ranges = value_ranges(graphs, {"labels": ValueRange(0, 9)})
     assert ranges[1]["root"] == ValueRange(0, 9)
     assert all(graph["ignored"].op == "full" for graph in assuming(graphs, {"labels": ValueRange(0, 9)}))
-    mixed = [_broadcast_rank(True), _broadcast_rank(False)]  # the other rank brings zeros
+    mixed = [_broadcast_rank(True), _broadcast_rank(False)]  # the other rank's is unbounded
     assert "gathered" not in value_ranges(mixed, {"labels": ValueRange(0, 9)})[0]
+
+
+class CapacityMask(nn.Module):
+    """DeepSpeed's top-1 gate: a token is kept while its slot (a running count of its expert's
+    one-hot rows, minus one) is below the capacity."""
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity = capacity
+
+    def forward(self, logits):
+        mask = F.one_hot(torch.argmax(logits, dim=1), num_classes=logits.shape[1])
+        locations = torch.cumsum(mask, dim=0) - 1
+        return logits * (mask * torch.lt(locations, self.capacity)).type_as(logits)
+
+
+def _capacity_graph(capacity: int) -> Graph:
+    inputs = {"logits": torch.randn(ROWS, CLASSES)}
+    module = CapacityMask(capacity)
+    return capture(module, lambda: module(**inputs), inputs)
+
+
+def test_a_capacity_no_slot_reaches_is_decided_on_every_input() -> None:
+    graph = _capacity_graph(ROWS)
+    [decided] = assuming([graph], {})
+    assert "lt_scalar" in {n.op for n in graph} and "lt_scalar" not in {n.op for n in decided}
+    logits = {"logits": torch.randn(ROWS, CLASSES)}
+    torch.testing.assert_close(run_graph(decided, logits)[decided.outputs[0]],
+                               run_graph(graph, logits)[graph.outputs[0]])
+
+
+def test_a_capacity_a_slot_may_reach_stays_a_comparison() -> None:
+    graph = _capacity_graph(ROWS - 1)
+    [kept] = assuming([graph], {})
+    assert "lt_scalar" in {n.op for n in kept}
+
+
+def test_orderings_are_not_decided_from_assumed_ranges() -> None:
+    graph = Graph()
+    graph.add(_node("ids", "placeholder", (), (4,), kind="input", target="ids", shape=(4,)))
+    graph.add(_node("below", "lt_scalar", ("ids",), (4,), "bool", value=10))
+    graph.outputs = ["below"]
+    [kept] = assuming([graph], {"ids": ValueRange(0, 9)})
+    assert kept["below"].op == "lt_scalar"

@@ -1,4 +1,5 @@
-"""Assumed input ranges, and the ranges ops bound on their own, decide comparisons before the proof, and only where they may."""
+"""Assumed input ranges, and the ranges ops bound on their own, decide comparisons before the
+proof, and only where they may."""
 from __future__ import annotations
 
 import torch

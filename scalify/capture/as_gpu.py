@@ -92,6 +92,11 @@ def _cuda_patches(devices: int) -> dict[str, Any]:
     }
 
 
+# `torch.cuda.random`'s own names for the RNG entry points (torch.cuda re-exports them).
+_RANDOM_ENTRY_POINTS = ("get_rng_state", "set_rng_state", "manual_seed", "manual_seed_all",
+                        "seed", "seed_all", "initial_seed")
+
+
 def _is_cuda(value: Any) -> bool:
     if isinstance(value, torch.device):
         return value.type == "cuda"
@@ -127,8 +132,11 @@ def cuda_patched(devices: int = 8) -> Iterator[None]:
     from torch._dynamo.trace_rules import get_torch_obj_rule_map
     get_torch_obj_rule_map()
     with ExitStack() as stack:
-        for name, value in _cuda_patches(devices).items():
+        patches = _cuda_patches(devices)
+        for name, value in patches.items():
             stack.enter_context(mock.patch.object(torch.cuda, name, value, create=True))
+        for name in _RANDOM_ENTRY_POINTS:  # called as torch.cuda.random.* (Megatron's tracker)
+            stack.enter_context(mock.patch.object(torch.cuda.random, name, patches[name]))
         yield
 
 

@@ -392,6 +392,8 @@ def _slice(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Re
     end = args[3] if len(args) > 3 and args[3] is not None else size
     step = args[4] if len(args) > 4 else 1
     start, end = max(0, min(_dim(start, size), size)), max(0, min(_dim(end, size), size))
+    if end <= start:  # an empty part (the pass-through of a rotary embedding over all dims)
+        return b.emit("full", [], x.dtype, shape=_out_shape(out), value=0, dtype=x.dtype)
     if step != 1:
         return _strided(b, x, dim, start, len(range(start, end, step)), step)
     return _cut(b, x, dim, start, end)
@@ -434,7 +436,8 @@ def _select(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> R
 def _cat(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
     tensors = [t for t in args[0] if t.shape != (0,)]
     dim = _dim(args[1] if len(args) > 1 else kwargs.get("dim", 0), len(tensors[0].shape))
-    return b.concat(tensors, dim)
+    parts = [t for t in tensors if t.shape[dim]] or tensors[:1]  # empty parts add nothing
+    return b.concat(parts, dim)
 
 
 @lowering("split", "split_with_sizes")

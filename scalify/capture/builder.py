@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import operator
+import struct
 from dataclasses import dataclass
 from itertools import accumulate
 from math import prod
@@ -9,6 +10,9 @@ from typing import Any
 
 from ..ir.graph import Graph, Node, SourceLoc
 from ..ir.ops import infer_shape
+
+# Dtypes whose arithmetic with a Python scalar runs in float32 (the half types' op math too).
+_SINGLE_ARITHMETIC = frozenset({"float32", "bfloat16", "float16"})
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,8 @@ class GraphBuilder:
     def emit(self, op: str, inputs: list[Ref], out_dtype: str | None = None, **attrs: Any) -> Ref:
         shape = infer_shape(op, [ref.shape for ref in inputs], attrs)
         dtype = out_dtype or (inputs[0].dtype if inputs else "float32")
+        if op == "add_scalar" and dtype in _SINGLE_ARITHMETIC and isinstance(attrs["value"], float):
+            attrs["value"] = _single(attrs["value"])  # x + 1e-5 adds float32(1e-5), as C++ does
         name = f"{self._prefix}{self._count}"
         self._count += 1
         node = Node(name, op, tuple(ref.name for ref in inputs), tuple(sorted(attrs.items())),
@@ -156,6 +162,11 @@ class GraphBuilder:
         for ref in reversed(refs[:-1]):
             result = self.emit("concat", [ref, result], dim=dim)
         return result
+
+
+def _single(value: float) -> float:
+    """`value` rounded to float32."""
+    return struct.unpack("f", struct.pack("f", value))[0]
 
 
 def _resolve_minus_one(source: tuple[int, ...], shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -201,6 +201,13 @@ class _Recorder(TorchDispatchMode):
         """Whether `tensor` (or the base it views) is a value of the captured program."""
         return id(tensor) in self.refs or (tensor._base is not None and id(tensor._base) in self.refs)
 
+    def _outside_program(self, args: tuple, kwargs: dict) -> bool:
+        """Whether an op reads only real tensors the program neither holds nor computed (Megatron's
+        RNG tracker compares CPU generator states): it runs as it would, unrecorded, and a real
+        result is a value from outside like its inputs (a literal if the program reads it)."""
+        tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        return bool(tensors) and not any(t.is_meta or self.holds(t) for t in tensors)
+
     def ref(self, value: Any) -> Any:
         if not isinstance(value, torch.Tensor):
             return value
@@ -275,6 +282,10 @@ class _Recorder(TorchDispatchMode):
         kwargs = kwargs or {}
         if has_dtensor(types):
             return NotImplemented  # DTensor runs it; its local ops come back here
+        if self._outside_program(args, kwargs):  # bookkeeping on values of its own (an RNG state)
+            out = func(*args, **kwargs)
+            if not any(isinstance(t, torch.Tensor) and t.is_meta for t in tree_leaves(out)):
+                return out  # (moved onto the capture device, it is the program's: recorded)
         if complex_pairs.lowers(func, (args, kwargs)):
             return self._as_pairs(func, args, kwargs)
         packet = func.overloadpacket.__name__
@@ -507,13 +518,17 @@ class _Recorder(TorchDispatchMode):
                 self.bind(tensor, ref)
 
 
+_DATA = torch.Tensor.data  # the `.data` attribute's descriptor
+
+
 class _PythonLevelCalls(TorchFunctionMode):
     """Calls the recorder must see before dispatch. `.tolist()` and `.numpy()` read values
     without dispatching an op: checked as `.item()` is. `F.one_hot` with its number of classes
     given runs as the comparison it is (PyTorch's eager version reads its input's min and max
     to check the range, which would refuse every MoE router written with it). Attention
     without dropout runs PyTorch's math version, whose backward is made of recorded ops (a
-    fused kernel's backward, such as the CPU flash attention's, has no lowering)."""
+    fused kernel's backward, such as the CPU flash attention's, has no lowering). `.data`
+    passes the value on."""
 
     _READS = (torch.Tensor.tolist, torch.Tensor.numpy)
 
@@ -536,7 +551,18 @@ class _PythonLevelCalls(TorchFunctionMode):
             result = _math_attention(*args, **kwargs)
             if result is not None:
                 return result
+        if func == _DATA.__get__ or func == _DATA.__set__:
+            return self._data(func, args)
         return func(*args, **kwargs)
+
+    def _data(self, func: Any, args: tuple) -> Any:
+        """`t.data` is `t`'s value, and `t.data = v` makes `t` hold `v`'s: neither dispatches an
+        op (Megatron's `make_viewless_tensor` swaps a fresh tensor's data for its input's)."""
+        result = func(*args)
+        source, target = (args[0], result) if func == _DATA.__get__ else (args[1], args[0])
+        if self.recorder.holds(source):
+            self.recorder.bind(target, self.recorder.ref(source))
+        return result
 
 
 def _math_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

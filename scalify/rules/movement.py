@@ -217,6 +217,13 @@ def rules() -> list[Rule]:
              "(transpose (merge x b i) a b)",
              lambda gen, c: {"x": tensor(gen, 2, 3, 4, 5), "a": 0, "b": 1, "c": 2, "i": 4},
              when=("(= b (+ a 1))", "(= c (+ a 2))")),
+        # ... and back: a merged dim moved before the dim ahead of it is the rotation merged
+        # (Megatron's queries [s, b, n, d] reshaped to [s, b * n, d] and transposed to the
+        # batch of its product, against a reference's [b, n, s, d] merged).
+        Rule("transposed-merge-as-rotation", "(transpose (merge x b i) a b)",
+             "(merge (transpose (transpose x a b) b c) a i)",
+             lambda gen, c: {"x": tensor(gen, 2, 3, 4, 5), "a": 0, "b": 1, "c": 2, "i": 4},
+             when=("(= b (+ a 1))", "(= c (+ a 2))")),
         # A merge of two dims passes a unit dim on either side (a row's statistic kept as
         # [s, b, 1], its rows merged to [s * b, 1]).
         Rule("merge-over-unsqueeze-after", "(merge (unsqueeze x k) d i)",
@@ -261,6 +268,25 @@ def rules() -> list[Rule]:
         Rule("transpose-over-unsqueeze-after", "(transpose (unsqueeze x k) d e)",
              "(unsqueeze (transpose x d e) k)",
              lambda gen, c: {"x": tensor(gen, 4, 3, 5), "k": 3, "d": 0, "e": 2},
+             when=("(< d e)", "(< e k)")),
+        # A unit dim squeezed from beside a transpose of two other dims passes it (a batch of
+        # one squeezed before a batched product, [1, h, s, d] -> [h, s, d], transposed after).
+        # A unit dim swapped with its neighbour and squeezed is that unit dim squeezed.
+        Rule("squeeze-swapped-unit-dim-after", "(squeeze (transpose x d e) e)", "(squeeze x d)",
+             lambda gen, c: {"x": tensor(gen, 4, 1, 3), "d": 1, "e": 2}, when=("(= e (+ d 1))",)),
+        Rule("squeeze-swapped-unit-dim-before", "(squeeze (transpose x d e) d)", "(squeeze x e)",
+             lambda gen, c: {"x": tensor(gen, 4, 3, 1), "d": 1, "e": 2}, when=("(= e (+ d 1))",)),
+        Rule("squeeze-over-transpose-before", "(squeeze (transpose x d e) k)",
+             "(transpose (squeeze x k) (- d 1) (- e 1))",
+             lambda gen, c: {"x": tensor(gen, 1, 3, 4, 5), "k": 0, "d": 1, "e": 3},
+             when=("(< k d)", "(< d e)")),
+        Rule("squeeze-over-transpose-between", "(squeeze (transpose x d e) k)",
+             "(transpose (squeeze x k) d (- e 1))",
+             lambda gen, c: {"x": tensor(gen, 3, 1, 4, 5), "k": 1, "d": 0, "e": 3},
+             when=("(< d k)", "(< k e)")),
+        Rule("squeeze-over-transpose-after", "(squeeze (transpose x d e) k)",
+             "(transpose (squeeze x k) d e)",
+             lambda gen, c: {"x": tensor(gen, 3, 4, 5, 1), "k": 3, "d": 0, "e": 2},
              when=("(< d e)", "(< e k)")),
         # A transpose of two dims on one side of a merge passes it (heads merged into the
         # batch of a batched product, [b*h, s, d], transposed to [b*h, d, s]).

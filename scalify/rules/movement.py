@@ -271,11 +271,11 @@ def rules() -> list[Rule]:
              when=("(< d e)", "(< e k)")),
         # A unit dim squeezed from beside a transpose of two other dims passes it (a batch of
         # one squeezed before a batched product, [1, h, s, d] -> [h, s, d], transposed after).
-        # A unit dim swapped with its neighbour and squeezed is that unit dim squeezed.
-        Rule("squeeze-swapped-unit-dim-after", "(squeeze (transpose x d e) e)", "(squeeze x d)",
-             lambda gen, c: {"x": tensor(gen, 4, 1, 3), "d": 1, "e": 2}, when=("(= e (+ d 1))",)),
-        Rule("squeeze-swapped-unit-dim-before", "(squeeze (transpose x d e) d)", "(squeeze x e)",
-             lambda gen, c: {"x": tensor(gen, 4, 3, 1), "d": 1, "e": 2}, when=("(= e (+ d 1))",)),
+        # A unit dim squeezed beside an inserted one: the squeeze first (ranks' tensors stacked
+        # on a new dim, each with a unit batch dim the reference squeezes).
+                        # A unit dim swapped with its neighbour and squeezed is that unit dim squeezed.
+                                                # A unit dim squeezed from beside a transpose of two other dims passes it (a batch of
+        # one squeezed before a batched product, [1, h, s, d] -> [h, s, d], transposed after).
         Rule("squeeze-over-transpose-before", "(squeeze (transpose x d e) k)",
              "(transpose (squeeze x k) (- d 1) (- e 1))",
              lambda gen, c: {"x": tensor(gen, 1, 3, 4, 5), "k": 0, "d": 1, "e": 3},

@@ -2,6 +2,8 @@
 and NVTX calls work during capture, and CUDA tensors land on the capture device."""
 import contextlib
 
+import pytest
+
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
@@ -138,3 +140,31 @@ def test_a_custom_function_allocating_on_the_gpu_in_its_backward_verifies():
         output_placements=[Replicate(), Replicate(), Shard(0)], numeric=True, grad=True)
     assert report.verdict == "verified", report.discrepancies or report.unknown
     assert report.numeric["agrees"]
+
+
+class MegatronTrackedMLP(nn.Module):
+    """An MLP run inside Megatron-Core's own CudaRNGStatesTracker fork (the tracker reads and
+    sets CUDA state through `torch.cuda.random` and compares CPU generator states)."""
+
+    def __init__(self, ffn: int = FFN) -> None:
+        super().__init__()
+        from megatron.core.tensor_parallel.random import CudaRNGStatesTracker
+
+        self.up = nn.Linear(HIDDEN, ffn, bias=False)
+        self.down = nn.Linear(ffn, HIDDEN, bias=False)
+        self.tracker = CudaRNGStatesTracker()
+        self.tracker.add("model-parallel-rng", 1234)
+
+    def forward(self, x):
+        with self.tracker.fork():
+            return self.down(F.gelu(self.up(x)))
+
+
+def test_megatron_cores_rng_tracker_runs_during_capture():
+    pytest.importorskip("megatron.core")
+    with as_gpu("meta"):
+        reference = MegatronTrackedMLP()
+    report = scalify.verify_modules(
+        reference, lambda rank: MegatronTrackedMLP(), 2, {"x": torch.randn(TOKENS, HIDDEN)},
+        output_placements=[Replicate()], numeric=True)
+    assert report.verified and report.numeric["agrees"]

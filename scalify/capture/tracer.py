@@ -202,11 +202,13 @@ class _Recorder(TorchDispatchMode):
         return id(tensor) in self.refs or (tensor._base is not None and id(tensor._base) in self.refs)
 
     def _outside_program(self, args: tuple, kwargs: dict) -> bool:
-        """Whether an op reads only real tensors the program neither holds nor computed (Megatron's
-        RNG tracker compares CPU generator states): it runs as it would, unrecorded, and a real
-        result is a value from outside like its inputs (a literal if the program reads it)."""
+        """Whether an op reads only real integer or boolean tensors the program neither holds nor
+        computed (Megatron's RNG tracker compares CPU generator states): it runs as it would,
+        unrecorded, and a real result is a value from outside like its inputs (a literal if the
+        program reads it). Numbers from outside (a rotary table) are recorded as literals."""
         tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-        return bool(tensors) and not any(t.is_meta or self.holds(t) for t in tensors)
+        return bool(tensors) and not any(t.is_meta or t.is_floating_point() or t.is_complex()
+                                         or self.holds(t) for t in tensors)
 
     def ref(self, value: Any) -> Any:
         if not isinstance(value, torch.Tensor):

@@ -205,6 +205,16 @@ def _empty(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Re
                   draw=uuid.uuid4().hex)
 
 
+@lowering("resize")
+def _resize(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    """`t.resize_(shape)`: the same shape is the tensor as it is; any other shape is taken as
+    fresh uninitialised memory (how code uses it: to allocate an `out=` buffer, or to free a
+    parameter's storage with `resize_(0)`), so no value kept across it is relied on."""
+    if tuple(args[0].shape) == _out_shape(out):
+        return args[0]
+    return _empty(b, "empty", [], {}, out)
+
+
 @lowering("copy", "fill", "zero")
 def _overwrite(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
     """A whole tensor overwritten: by `src` (broadcast and cast), a value, or zeros."""

@@ -26,7 +26,7 @@ from .tracer import capture
 _SHAPES = [(4, 4), (2, 4, 4), (2, 2, 4, 4), (2, 2, 4, 4, 4), (4,)]
 _INT_LISTS = {"kernel_size": [2, 2], "stride": [1, 1], "padding": [0, 0], "dilation": [1, 1],
               "output_padding": [0, 0], "output_size": [2, 2], "pad": [1, 1], "padding_idx": -1}
-_SHAPE_QUERIES = {"sym_size", "sym_numel", "sym_stride", "sym_storage_offset"}
+_SHAPE_QUERIES = {"sym_size", "sym_numel", "sym_stride", "sym_storage_offset", "sym_is_contiguous"}
 
 
 @dataclass
@@ -47,9 +47,12 @@ class Coverage:
 
 
 def core_overloads() -> list[Any]:
-    """Every aten overload tagged core, by name."""
+    """Every aten overload tagged core, by name: of every op the dispatcher registers, not
+    only the packets this process has touched (`torch.ops.aten` loads them lazily)."""
     found = []
-    for name in dir(torch.ops.aten):
+    names = {op.split("::")[1].split(".")[0] for op in torch._C._dispatch_get_all_op_names()
+             if op.startswith("aten::")}
+    for name in sorted(names):
         packet = getattr(torch.ops.aten, name, None)
         if isinstance(packet, torch._ops.OpOverloadPacket):
             found += [getattr(packet, overload) for overload in packet.overloads()

@@ -29,6 +29,8 @@ CASES = {
     "as_strided rows": lambda x: x.as_strided((4, 3), (6, 2), 1),
     "as_strided of a transpose": lambda x: x.t().as_strided((3, 4), (1, 6), 0),
     "empty then copy_": lambda x: torch.empty(4, 6, dtype=x.dtype).copy_(x) * 2,
+    "resize_ then copy_": lambda x: x.new_empty(0).resize_(4, 6).copy_(x) + 1,
+    "resize_ to its own shape": lambda x: (x * 2).resize_(4, 6),
     "new_empty then fill_": lambda x: x.new_empty(6).fill_(2.0) + x[0],
     "masked_fill with a 0-dim tensor": lambda x: x.masked_fill(x > 0, torch.tensor(1.5)),
     "index_select": lambda x: x.index_select(1, torch.tensor([2, 0, 5])),

@@ -48,6 +48,7 @@ class Polynomials:
         self._roots: dict[int, int] = {}  # the square root of a sum of squares -> that sum
         self._nonnegative: set[int] = set()  # squares and positive sums of them
         self._products: dict[tuple[int, int], int] = {}
+        self._normal_forms: dict[int, tuple[Number, int]] = {}  # a value -> `_normalized` of it
         self._next = 0
         self.work = 0
         self.limit = 1 << 62  # work past which numbering stops (`OverBudget`)
@@ -119,7 +120,7 @@ class Polynomials:
             return self._roots[x]
         tx, ty = self.terms(x), self.terms(y)
         if min(len(tx), len(ty)) > 1 and len(tx) * len(ty) > EXPANSION_LIMIT:
-            (sx, ux), (sy, uy) = self._normalized(tx), self._normalized(ty)
+            (sx, ux), (sy, uy) = self._normalized(x), self._normalized(y)
             self.work += 1
             return self.of_terms({self._monomial(self._of(ux) + self._of(uy)): sx * sy})
         total: dict[int, Number] = {}
@@ -188,12 +189,14 @@ class Polynomials:
             self._nonnegative.add(root)
         return root
 
-    def _normalized(self, terms: Terms) -> tuple[Number, int]:
-        """terms as scale * (a polynomial whose first coefficient is 1)."""
-        scale = terms[0][1]
-        if scale == 1:
-            return 1, self.of_terms(dict(terms))
-        return scale, self.of_terms({m: _simplest(Fraction(c) / scale) for m, c in terms})
+    def _normalized(self, value: int) -> tuple[Number, int]:
+        """value as scale * (a polynomial whose first coefficient is 1), once per value."""
+        if value not in self._normal_forms:
+            terms = self.terms(value)
+            scale = terms[0][1]
+            self._normal_forms[value] = (1, value) if scale == 1 else (scale, self.of_terms(
+                {m: _simplest(Fraction(c) / scale) for m, c in terms}))
+        return self._normal_forms[value]
 
     def _of(self, monomial: int) -> tuple[int, ...]:
         return self._factors.get(monomial, (monomial,))

@@ -26,6 +26,7 @@ from .config import Experiment, load_experiment
 from .engine import Executor, InlineExecutor, VerifyJob, executor_for
 from .errors import CaptureError, DataDependentRead, ShapeError
 from .ir.assumptions import ValueRange, assuming
+from .ir.masks import EXCLUDING_FILL, excluding_fills
 from .ir.broadcasts import with_broadcasts_resolved
 from .ir.distributed import merge_ranks
 from .ir.graph import Graph
@@ -239,6 +240,8 @@ def verify_graphs(ref_graph: Graph, rank_graphs: list[Graph], placements: dict[s
     start = time.perf_counter() if started is None else started
     assumed = {name: ValueRange(*bounds) for name, bounds in (assume or {}).items()}
     written_ref, written_ranks = ref_graph, rank_graphs
+    excluding = list(dict.fromkeys(line for graph in (ref_graph, *rank_graphs)
+                                   for line in excluding_fills(graph)))
     ref_graph = without_zero_shifts(simplified(assuming([ref_graph], assumed)[0]))
     replicated = lambda target: isinstance(placements.get(target, Replicate()), Replicate)
     rank_graphs = simplified_ranks(with_broadcasts_resolved(assuming(rank_graphs, assumed),
@@ -296,11 +299,22 @@ def verify_graphs(ref_graph: Graph, rank_graphs: list[Graph], placements: dict[s
              "largest_egraph_nodes": result.largest_egraph,
              "blocked_ops": result.blocked, "rank_symmetry": attempt.symmetry,
              "scalar_factors": "moved" if attempt.moved else "as written",
-             **({"assumed": {name: str(bounds) for name, bounds in assumed.items()}} if assumed
-                else {}), **engine_stats}
+             **_assumptions(assumed, excluding), **engine_stats}
     verdict = "discrepancy" if discrepancies else "unknown" if unknown else "verified"
     return Report(name, verified, verdict, discrepancies, timings, stats, numeric_result,
                   unknown=unknown)
+
+
+def _assumptions(assumed: dict[str, ValueRange], excluding: list[str]) -> dict[str, Any]:
+    """What the proof assumed, for the report: input ranges, and softmax scores masked by a
+    large finite fill taken as masked by -inf (`ir/masks.py`)."""
+    stated: dict[str, Any] = {name: str(bounds) for name, bounds in assumed.items()}
+    if excluding:
+        stated["softmax fills"] = (
+            f"a fill of {EXCLUDING_FILL:g} or less weighs 0 after its softmax, as -inf does (in "
+            f"float32, while a row's scores lie within {-EXCLUDING_FILL - 104:g} of its "
+            f"largest), at {', '.join(excluding)}")
+    return {"assumed": stated} if stated else {}
 
 
 def _sampled_only(lines: tuple[str, ...]) -> str:

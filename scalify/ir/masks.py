@@ -32,10 +32,25 @@ _BROADCASTS = frozenset({"expand", "unsqueeze"})
 _FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
 
 
+# A fill at or below this, read only by softmaxes, weighs exactly 0 after them in float32
+# wherever the row's other scores lie within |fill| - 104 of its largest (exp underflows).
+EXCLUDING_FILL = -1e4
+
+
 def masks_as_fills(graph: Graph) -> Graph:
     """The graph with additive and multiplicative masks as fills, and safe softmaxes of finite
     rows plain."""
     return without_masked_row_guards(additive_masks_as_fills(product_masks_as_fills(graph)))
+
+
+def excluding_fills(graph: Graph) -> list[str]:
+    """The source lines where a finite fill at or below EXCLUDING_FILL (Megatron's -10000,
+    HuggingFace's dtype minimum, added or filled) masks softmax scores, and is taken as -inf:
+    a stated assumption of the proof (`additive_masks_as_fills`, `_excluding_fill`)."""
+    values = constant_values(graph)
+    return list(dict.fromkeys(
+        f"{node.source.file}:{node.source.line}" if node.source else node.name
+        for node in graph if _excluding_fill(graph, node, values)))
 
 
 def product_masks_as_fills(graph: Graph) -> Graph:
@@ -110,17 +125,29 @@ def _negation(graph: Graph, result: Graph, name: str, user: Node) -> str:
 
 
 def additive_masks_as_fills(graph: Graph) -> Graph:
-    """Each `add` of a value and a constant of zeros and -inf as a `masked_fill` of -inf."""
+    """Each `add` of a value and a constant of zeros and -inf as a `masked_fill` of -inf; and,
+    where only softmaxes read the result and every row keeps an entry, each add of a constant
+    of zeros and fills at or below EXCLUDING_FILL, and each such `masked_fill`, as one of -inf
+    (`excluding_fills` names them: the report states the assumption). Not under a
+    log_softmax, whose masked outputs are the fill itself."""
     values = constant_values(graph)
+    users = graph.users()
     result = Graph()
     for node in graph:
+        if node.op == "masked_fill" and _excluding_fill(graph, node, values, users):
+            result.add(replace(node, attrs=(("value", -math.inf),)))
+            continue
         operands = _masked_operand(graph, node, values)
+        excluding = operands is None and _excluding_fill(graph, node, values, users)
+        if excluding:
+            operands = _large_negative_operand(graph, node, values)
         if operands is None:
             result.add(node)
             continue
         scores, mask = operands
         base, broadcasts = _broadcast_chain(graph, mask, values)
-        fill = result.add(Node(f"{node.name}.mask", "eq_scalar", (base,), (("value", -math.inf),),
+        test = ("le_scalar", EXCLUDING_FILL) if excluding else ("eq_scalar", -math.inf)
+        fill = result.add(Node(f"{node.name}.mask", test[0], (base,), (("value", test[1]),),
                                graph[base].shape, "bool", node.source))
         for k, broadcast in enumerate(broadcasts):
             fill = result.add(replace(broadcast, name=f"{node.name}.mask{k}",
@@ -144,6 +171,57 @@ def _masked_operand(graph: Graph, node: Node, values: dict) -> tuple[str, str] |
                 and bool((value == -math.inf).any())):
             return scores, mask
     return None
+
+
+def _large_negative_operand(graph: Graph, node: Node, values: dict) -> tuple[str, str] | None:
+    """(the scores, the mask) of an add of a non-constant value and a constant of zeros and
+    finite values at or below EXCLUDING_FILL, some of them, of the add's shape; or None."""
+    if node.op != "add" or len(node.inputs) != 2:
+        return None
+    for mask, scores in (node.inputs, node.inputs[::-1]):
+        value = values.get(mask)
+        if (value is not None and scores not in values and value.is_floating_point()
+                and graph[mask].shape == node.shape == graph[scores].shape
+                and bool(((value == 0) | (value <= EXCLUDING_FILL) & value.isfinite()).all())
+                and bool((value <= EXCLUDING_FILL).any())):
+            return scores, mask
+    return None
+
+
+def _excluding_fill(graph: Graph, node: Node, values: dict,
+                    users: dict[str, list[str]] | None = None) -> bool:
+    """Whether `node` masks scores with a finite fill at or below EXCLUDING_FILL (a
+    `masked_fill` by a constant mask, or an add of such a constant), read by softmaxes over
+    its last dim alone (through casts), and every row along that dim keeps an entry: then a
+    fill of -inf gives the same probabilities (in floating point)."""
+    if node.op == "masked_fill":
+        fill = node.attr("value")
+        if (not isinstance(fill, float) or not math.isfinite(fill) or fill > EXCLUDING_FILL
+                or values.get(node.inputs[1]) is None or node.inputs[0] in values):
+            return False
+        kept = ~torch.broadcast_to(values[node.inputs[1]].bool(), node.shape)
+    else:
+        operands = _large_negative_operand(graph, node, values)
+        if operands is None:
+            return False
+        kept = values[operands[1]] > EXCLUDING_FILL
+    if not node.shape or not bool(kept.any(-1).all()):
+        return False
+    return _read_by_softmaxes(graph, node.name, len(node.shape) - 1,
+                              graph.users() if users is None else users)
+
+
+def _read_by_softmaxes(graph: Graph, name: str, dim: int, users: dict[str, list[str]]) -> bool:
+    readers = users.get(name, [])
+    if not readers or name in graph.outputs:
+        return False
+    for reader in map(graph.__getitem__, readers):
+        if reader.op == "cast" and reader.dtype in _FLOATS:
+            if not _read_by_softmaxes(graph, reader.name, dim, users):
+                return False
+        elif not (reader.op == "softmax" and reader.attr("dim") % len(reader.shape) == dim):
+            return False
+    return True
 
 
 def _broadcast_chain(graph: Graph, name: str, values: dict) -> tuple[str, list[Node]]:

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from scalify.capture.tracer import capture
 from scalify.ir.graph import Graph
-from scalify.ir.masks import masks_as_fills
+from scalify.ir.masks import excluding_fills, masks_as_fills
 from scalify.verify.numeric import run_graph
 
 
@@ -90,3 +90,55 @@ def test_a_mask_complement_is_ones_filled_where_the_mask_is_on() -> None:
         assert rewritten[fills[0].inputs[1]].op == "ge_scalar", written  # the mask, not negated
         assert "rsub_scalar" not in _ops(rewritten) and "bitwise_not" not in _ops(rewritten)
         assert torch.equal(_output(rewritten, inputs), _output(captured, inputs)), written
+
+
+class _LargeFill(torch.nn.Module):
+    """Causal scores masked as Megatron masks them (`masked_fill(mask, -10000.0)`) or as
+    HuggingFace does (the dtype's minimum added), then read by `reader`."""
+
+    def __init__(self, written: str, reader=lambda s: torch.softmax(s, -1), covered_row=None):
+        super().__init__()
+        self.written, self.reader = written, reader
+        self.masked = torch.ones(4, 4, dtype=torch.bool).triu(1)
+        if covered_row is not None:
+            self.masked[covered_row] = True
+
+    def forward(self, q):
+        scores = q @ q.transpose(-1, -2)
+        if self.written == "fill":
+            scores = scores.masked_fill(self.masked, -10000.0)
+        else:
+            scores = scores + torch.zeros(4, 4).masked_fill(self.masked, torch.finfo(torch.float32).min)
+        return self.reader(scores)
+
+
+def _large_fill(module: torch.nn.Module) -> tuple[Graph, Graph, dict[str, torch.Tensor]]:
+    inputs = {"q": torch.randn(2, 4, 3)}
+    graph = capture(module, lambda: module(**inputs), inputs)
+    return graph, masks_as_fills(graph), inputs
+
+
+def _fills(graph: Graph) -> list[float]:
+    """The fills of the scores (not of the constant the added mask is built from)."""
+    return [node.attr("value") for node in graph
+            if node.op == "masked_fill" and graph[node.inputs[0]].op != "full"]
+
+
+def test_a_large_negative_fill_before_a_softmax_is_a_fill_of_minus_infinity() -> None:
+    for written in ("fill", "added minimum"):
+        captured, rewritten, inputs = _large_fill(_LargeFill(written))
+        assert _fills(rewritten) == [-math.inf], written
+        assert excluding_fills(captured), written  # stated as an assumption of the proof
+        before, after = _output(captured, inputs), _output(rewritten, inputs)
+        assert torch.allclose(after.double(), before.double()), written
+        assert not before[..., _LargeFill(written).masked].any(), written  # weighed 0 as written
+
+
+def test_a_large_negative_fill_stays_where_it_is_not_only_a_softmax_weight() -> None:
+    kept = {"log_softmax": _LargeFill("fill", lambda s: torch.log_softmax(s, -1)),
+            "also an output": _LargeFill("fill", lambda s: (torch.softmax(s, -1), s)),
+            "softmax over another dim": _LargeFill("fill", lambda s: torch.softmax(s, -2)),
+            "a row masked whole": _LargeFill("fill", covered_row=1)}
+    for why, module in kept.items():
+        captured, rewritten, _ = _large_fill(module)
+        assert _fills(rewritten) == [-10000.0] and not excluding_fills(captured), why

@@ -27,6 +27,7 @@ from .engine import Executor, InlineExecutor, VerifyJob, executor_for
 from .errors import CaptureError, DataDependentRead, ShapeError
 from .ir.assumptions import ValueRange, assuming
 from .ir.masks import EXCLUDING_FILL, excluding_fills
+from .ir.roundings import ULPS, factors_as_reference
 from .ir.broadcasts import with_broadcasts_resolved
 from .ir.distributed import merge_ranks
 from .ir.graph import Graph
@@ -242,6 +243,7 @@ def verify_graphs(ref_graph: Graph, rank_graphs: list[Graph], placements: dict[s
     written_ref, written_ranks = ref_graph, rank_graphs
     excluding = list(dict.fromkeys(line for graph in (ref_graph, *rank_graphs)
                                    for line in excluding_fills(graph)))
+    rank_graphs, rounded = factors_as_reference(ref_graph, rank_graphs)
     ref_graph = without_zero_shifts(simplified(assuming([ref_graph], assumed)[0]))
     replicated = lambda target: isinstance(placements.get(target, Replicate()), Replicate)
     rank_graphs = simplified_ranks(with_broadcasts_resolved(assuming(rank_graphs, assumed),
@@ -299,16 +301,21 @@ def verify_graphs(ref_graph: Graph, rank_graphs: list[Graph], placements: dict[s
              "largest_egraph_nodes": result.largest_egraph,
              "blocked_ops": result.blocked, "rank_symmetry": attempt.symmetry,
              "scalar_factors": "moved" if attempt.moved else "as written",
-             **_assumptions(assumed, excluding), **engine_stats}
+             **_assumptions(assumed, excluding, rounded), **engine_stats}
     verdict = "discrepancy" if discrepancies else "unknown" if unknown else "verified"
     return Report(name, verified, verdict, discrepancies, timings, stats, numeric_result,
                   unknown=unknown)
 
 
-def _assumptions(assumed: dict[str, ValueRange], excluding: list[str]) -> dict[str, Any]:
-    """What the proof assumed, for the report: input ranges, and softmax scores masked by a
-    large finite fill taken as masked by -inf (`ir/masks.py`)."""
+def _assumptions(assumed: dict[str, ValueRange], excluding: list[str],
+                 rounded: list[str]) -> dict[str, Any]:
+    """What the proof assumed, for the report: input ranges, softmax scores masked by a large
+    finite fill taken as masked by -inf (`ir/masks.py`), and rank factors taken as the
+    reference's they round (`ir/roundings.py`)."""
     stated: dict[str, Any] = {name: str(bounds) for name, bounds in assumed.items()}
+    if rounded:
+        stated["scalar factors"] = (f"a factor within {ULPS} units in the last place of the "
+                                    f"reference's is the same real, at {', '.join(rounded)}")
     if excluding:
         stated["softmax fills"] = (
             f"a fill of {EXCLUDING_FILL:g} or less weighs 0 after its softmax, as -inf does (in "

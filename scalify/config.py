@@ -15,12 +15,13 @@ import yaml
 
 from scalify.dtensor_plan import DTensorPlan, PlanError, parse_plan
 from scalify.errors import ConfigError
+from scalify.frameworks.megatron_core_plan import MegatronCorePlan, parse_megatron_core
 from scalify.models.presets import PRESETS
 from scalify.placements import Placement, parse_placement
 
 MAX_FILE_BYTES = 1 << 20
 REPO_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
-PLAN_STYLES = ("megatron", "dtensor")
+PLAN_STYLES = ("megatron", "dtensor", "megatron_core")
 EXPERT_DISPATCHES = ("all_reduce", "all_to_all")
 LOGITS_MODES = ("gathered", "vocab_parallel")
 HARDWARE_TARGETS = ("gpu", "neuron")
@@ -52,6 +53,8 @@ class PlanSpec:
     `context_parallel` shards the sequence over that many ranks (llama, megatron style): each
     rank's attention merges the ranks' key blocks by log-sum-exp; `context_load_balance` cuts
     the sequence into twice as many chunks and gives rank r chunks r and 2N-1-r (causal balance).
+    Style "megatron_core" runs Megatron-Core's own GPTModel, as `megatron_core` (Megatron's
+    field names) states it, against the HuggingFace llama.
     """
 
     style: str = "megatron"
@@ -70,6 +73,7 @@ class PlanSpec:
     expert_dispatch: str = "all_reduce"
     context_parallel: int = 1
     context_load_balance: bool = False
+    megatron_core: MegatronCorePlan | None = None
 
 
 @dataclass(frozen=True)
@@ -183,9 +187,7 @@ class Experiment:
         """Number of ranks the plan (or the HLO program) runs on."""
         if self.hlo is not None:
             return self.hlo.world_size
-        plan = self.plan
-        return (plan.tensor_parallel * plan.data_parallel * plan.expert_parallel
-                * plan.pipeline_parallel * plan.context_parallel)
+        return _plan_world_size(self.plan)
 
     def to_dict(self) -> dict:
         """Plain nested data, for reports."""
@@ -342,17 +344,41 @@ def _int_choice(*options: int) -> Checker:
         return value
 
     return check
-def _dtensor_plan(value: Any, where: _Where) -> DTensorPlan:
-    try:
-        return parse_plan(value)
-    except PlanError as error:
-        for key in error.path:
-            where = where.child(key)
-        raise where.error(error.problem) from None
+
+
+def _plan_section(parse: Callable[[Any], Any]) -> Checker:
+    """A checker of a mapping `parse` reads, its PlanError located below the field."""
+
+    def check(value: Any, where: _Where) -> Any:
+        try:
+            return parse(value)
+        except PlanError as error:
+            for key in error.path:
+                where = where.child(key)
+            raise where.error(error.problem) from None
+
+    return check
+
+
+# The plan fields style megatron_core states in Megatron's own names, under `megatron_core`.
+_MEGATRON_CORE_ELSEWHERE = ("tensor_parallel", "sequence_parallel", "data_parallel",
+                            "pipeline_parallel", "expert_parallel", "context_parallel", "fused",
+                            "shard_fn", "logits", "planted_bug")
 
 
 def _check_plan_style(plan: PlanSpec, fields: Located, where: _Where) -> None:
     """The fields a plan needs, or must not have, for its style."""
+    if plan.style == "megatron_core" and plan.megatron_core is None:
+        raise where.child("megatron_core").error(
+            "missing required key for style megatron_core (a mapping of Megatron-Core fields, "
+            "e.g. {tensor_model_parallel_size: 2})")
+    if plan.style != "megatron_core" and "megatron_core" in fields:
+        raise fields["megatron_core"][1].error(f"only used with style megatron_core, not "
+                                               f"{plan.style!r}")
+    for key in _MEGATRON_CORE_ELSEWHERE:
+        if plan.style == "megatron_core" and key in fields:
+            raise fields[key][1].error("not used with style megatron_core: give Megatron-Core's "
+                                       "own fields under plan.megatron_core")
     if plan.style == "dtensor" and plan.dtensor_plan is None:
         raise where.child("dtensor_plan").error(
             "missing required key for style dtensor ('hf' or a mapping from module glob to style)")
@@ -424,6 +450,13 @@ def _check_devices(hardware: HardwareSpec, world: int, fields: Located, what: st
     if hardware.devices is not None and hardware.devices != world:
         raise fields["devices"][1].error(
             f"{hardware.devices} devices do not match {what}'s world size {world}{detail}")
+
+
+def _plan_world_size(plan: PlanSpec) -> int:
+    if plan.megatron_core is not None:
+        return plan.megatron_core.world_size()
+    return (plan.tensor_parallel * plan.data_parallel * plan.expert_parallel
+            * plan.pipeline_parallel * plan.context_parallel)
 
 
 def _degrees(plan: PlanSpec) -> str:
@@ -504,13 +537,14 @@ _SCHEMAS: dict[type, dict[str, Checker]] = {
         "zero_stage": _int_choice(0, 1, 2),
         "logits": _choice(*LOGITS_MODES),
         "planted_bug": _optional_text,
-        "dtensor_plan": _dtensor_plan,
+        "dtensor_plan": _plan_section(parse_plan),
         "fused": _boolean,
         "shard_fn": lambda value, where: None if value is None else _function_path(value, where),
         "expert_parallel": _positive_int,
         "expert_dispatch": _choice(*EXPERT_DISPATCHES),
         "context_parallel": _positive_int,
         "context_load_balance": _boolean,
+        "megatron_core": _plan_section(parse_megatron_core),
     },
     HardwareSpec: {"name": _text, "target": _choice(*HARDWARE_TARGETS), "devices": _positive_int,
                    "cores_per_node": _positive_int},
@@ -661,8 +695,11 @@ def load_experiment(source: str | os.PathLike | dict) -> Experiment:
     model = _model_spec(*sections["model"], overrides["model"])
     plan = _build(PlanSpec, *sections["plan"])
     _check_plan_style(plan, *sections["plan"])
-    world = (plan.tensor_parallel * plan.data_parallel * plan.expert_parallel
-             * plan.pipeline_parallel * plan.context_parallel)
+    world = _plan_world_size(plan)
+    if plan.style == "megatron_core" and model.family != "llama":
+        raise sections["plan"][0]["style"][1].error(
+            f"Megatron-Core's GPTModel is verified against the HuggingFace llama, not "
+            f"{model.family!r}")
     _check_expert_parallel(plan, model, sections["plan"][0])
     _check_pipeline(plan, model, *sections["plan"])
     _check_context(plan, model, sections["plan"][0])
@@ -675,6 +712,11 @@ def load_experiment(source: str | os.PathLike | dict) -> Experiment:
             f"fused layouts exist for llama, not {model.family!r}")
     _check_devices(hardware, world, sections["hardware"][0], "the plan", f" {_degrees(plan)}")
     plan_fields, plan_where = sections["plan"]
-    degree_at = plan_fields.get("tensor_parallel", (None, plan_where.child("tensor_parallel")))[1]
-    _check_tensor_parallel(hardware, plan.tensor_parallel, degree_at)
+    if plan.megatron_core is not None:
+        degree = plan.megatron_core.tensor_model_parallel_size
+        degree_at = plan_where.child("megatron_core").child("tensor_model_parallel_size")
+    else:
+        degree = plan.tensor_parallel
+        degree_at = plan_fields.get("tensor_parallel", (None, plan_where.child("tensor_parallel")))[1]
+    _check_tensor_parallel(hardware, degree, degree_at)
     return Experiment(model=model, plan=plan, **common)

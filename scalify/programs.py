@@ -48,6 +48,8 @@ def programs_for(experiment: Experiment) -> Programs:
     # Models stay in eval mode: a training step is verified with dropout off.
     run = training_step(hf_loss, names) if backward else hf_loss if loss else hf_logits
     reference_step = Step(reference, run)
+    if experiment.plan.style == "megatron_core":
+        return _megatron_core(experiment, hf_config, reference, inputs)
     build = (_dtensor if experiment.plan.style == "dtensor" else
              _context_parallel if experiment.plan.context_parallel > 1 else
              _expert_parallel if experiment.plan.expert_parallel > 1 else
@@ -75,6 +77,23 @@ def _dtensor(experiment: Experiment, hf_config, reference_step: Step,
                     subject.param_placements,
                     [Replicate(), *(subject.param_placements.get(name, Replicate()) for name in names)],
                     grad=True)
+
+
+def _megatron_core(experiment: Experiment, hf_config, reference: nn.Module,
+                   inputs: dict[str, torch.Tensor]) -> Programs:
+    """Megatron-Core's GPTModel on every rank against the HuggingFace llama (forward)."""
+    from .frameworks.megatron_core import hf_to_megatron, rank_model, reference_step
+
+    if experiment.verify.backward or experiment.verify.loss:
+        raise ConfigError("verify.backward and verify.loss are not supported for style "
+                          "megatron_core yet: verify the forward (the logits)")
+    if hf_config.tie_word_embeddings:
+        raise ConfigError("model.tie_word_embeddings: Megatron-Core's shared output layer is not "
+                          "mapped yet; use untied embeddings")
+    return Programs(reference_step(reference, hf_config),
+                    rank_model(hf_config, experiment.plan.megatron_core),
+                    {"input_ids": inputs["input_ids"]}, {}, [Replicate()],
+                    shard_fn=hf_to_megatron(hf_config))
 
 
 def _tensor_parallel(experiment: Experiment, hf_config, reference_step: Step,

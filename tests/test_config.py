@@ -158,6 +158,30 @@ X = "configs/experiments/x.yaml"
             "model: llama-tiny\nplan: {tensor_parallel: eight}\nhardware: gpu-8\n",
             f"{X}: plan.tensor_parallel: expected a positive integer, got 'eight'",
         ),
+        (
+            "model: llama-tiny\nplan: {style: megatron_core}\nhardware: gpu-2\n",
+            f"{X}: plan.megatron_core: missing required key for style megatron_core",
+        ),
+        (
+            "model: llama-tiny\nplan: {style: megatron_core, megatron_core: "
+            "{tensor_model_parallel_size: 2}, tensor_parallel: 2}\nhardware: gpu-2\n",
+            f"{X}: plan.tensor_parallel: not used with style megatron_core: give Megatron-Core's",
+        ),
+        (
+            "model: llama-tiny\nplan: {style: megatron_core, megatron_core: "
+            "{pipeline_model_parallel_size: 2}}\nhardware: gpu-2\n",
+            f"{X}: plan.megatron_core.pipeline_model_parallel_size: not supported yet",
+        ),
+        (
+            "model: mixtral-tiny\nplan: {style: megatron_core, megatron_core: "
+            "{tensor_model_parallel_size: 2}}\nhardware: gpu-2\n",
+            f"{X}: plan.style: Megatron-Core's GPTModel is verified against the HuggingFace llama",
+        ),
+        (
+            "model: llama-tiny\nplan: {megatron_core: {tensor_model_parallel_size: 2}}\n"
+            "hardware: gpu-2\n",
+            f"{X}: plan.megatron_core: only used with style megatron_core, not 'megatron'",
+        ),
         (MINIMAL + "inputs: {batch: true}\n", f"{X}: inputs.batch: expected a positive integer, got True"),
         (MINIMAL + "inputs: {seq: 0}\n", f"{X}: inputs.seq: expected a positive integer, got 0"),
         (MINIMAL + "verify: {numeric: 1}\n", f"{X}: verify.numeric: expected true or false, got 1"),
@@ -201,7 +225,8 @@ X = "configs/experiments/x.yaml"
             MINIMAL + "overrides: {plan.tp: 2}\n",
             f"{X}: overrides.plan.tp: unknown key (expected one of: context_load_balance, "
             "context_parallel, data_parallel, dtensor_plan, "
-            "expert_dispatch, expert_parallel, fused, logits, micro_batches, pipeline_parallel, "
+            "expert_dispatch, expert_parallel, fused, logits, megatron_core, micro_batches, "
+            "pipeline_parallel, "
             "planted_bug, sequence_parallel, shard_fn, style, tensor_parallel, zero_stage)",
         ),
         (

@@ -1,0 +1,129 @@
+"""Megatron-Core's `GPTModel` (local layer spec, no Transformer Engine) as a rank program,
+against the HuggingFace Llama reference.
+
+Scalify sets up what Megatron needs at capture, inside each rank's fake process group: its
+parallel state (`initialize_model_parallel`, without the gloo groups a fake group cannot
+make) and its CUDA RNG tracker (`model_parallel_cuda_manual_seed`); the model is built on the
+meta device. The weights are related by `hf_to_megatron`, the name and layout map checkpoint
+converters use (fused `[q, k, v]` per query group, `[gate; up]` in `linear_fc1`).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import ConfigError
+from ..steps import Step
+from .megatron_core_plan import MegatronCorePlan
+
+# Fusions and dropouts off: the unfused PyTorch paths run on any device, and dropout is not
+# part of what is verified (models run in eval mode).
+_PLAIN_PATHS = dict(hidden_dropout=0.0, attention_dropout=0.0, bias_activation_fusion=False,
+                    masked_softmax_fusion=False, persist_layer_norm=False,
+                    bias_dropout_fusion=False, apply_rope_fusion=False,
+                    gradient_accumulation_fusion=False)
+MAX_SEQUENCE_LENGTH = 4096
+RNG_SEED = 1234
+
+
+def transformer_config(hf_config: Any, plan: MegatronCorePlan) -> Any:
+    """The `TransformerConfig` of a HuggingFace Llama config under `plan` (its
+    `transformer_config` fields last)."""
+    from megatron.core.transformer import TransformerConfig
+
+    fields = dict(
+        num_layers=hf_config.num_hidden_layers, hidden_size=hf_config.hidden_size,
+        num_attention_heads=hf_config.num_attention_heads,
+        num_query_groups=hf_config.num_key_value_heads,
+        ffn_hidden_size=hf_config.intermediate_size, normalization="RMSNorm",
+        layernorm_epsilon=hf_config.rms_norm_eps, gated_linear_unit=True,
+        activation_func=F.silu, add_bias_linear=False, add_qkv_bias=False,
+        tensor_model_parallel_size=plan.tensor_model_parallel_size,
+        sequence_parallel=plan.sequence_parallel, use_cpu_initialization=True,
+        perform_initialization=False, **_PLAIN_PATHS)
+    known = {field.name for field in dataclasses.fields(TransformerConfig)}
+    for name, value in plan.transformer_config:
+        if name not in known:
+            raise ConfigError(f"plan.megatron_core.transformer_config.{name}: not a field of "
+                              "Megatron-Core's TransformerConfig")
+        fields[name] = value
+    return TransformerConfig(**fields)
+
+
+def rank_model(hf_config: Any, plan: MegatronCorePlan) -> Callable[[int], nn.Module]:
+    """Rank `rank`'s GPTModel with its parallel state set up, as a module returning logits."""
+    def build(rank: int) -> nn.Module:
+        from megatron.core import parallel_state, tensor_parallel
+        from megatron.core.models.gpt import GPTModel
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+        parallel_state.destroy_model_parallel()
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=plan.tensor_model_parallel_size,
+            create_gloo_process_groups=False)
+        tensor_parallel.model_parallel_cuda_manual_seed(RNG_SEED)
+        config = transformer_config(hf_config, plan)
+        with torch.device("meta"):
+            model = GPTModel(config, transformer_layer_spec=get_gpt_layer_local_spec(),
+                             vocab_size=hf_config.vocab_size,
+                             max_sequence_length=MAX_SEQUENCE_LENGTH,
+                             position_embedding_type="rope", rotary_base=int(_rope_theta(hf_config)),
+                             share_embeddings_and_output_weights=hf_config.tie_word_embeddings,
+                             parallel_output=False)
+        return Step(model.eval(), _logits)
+    return build
+
+
+def _logits(model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """GPTModel's logits `[b, s, vocab]` (its own causal mask: `attention_mask=None`)."""
+    ids = inputs["input_ids"]
+    positions = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
+    return model(input_ids=ids, position_ids=positions, attention_mask=None)
+
+
+def reference_step(reference: nn.Module, hf_config: Any) -> Step:
+    """The HuggingFace model's logits on `input_ids`, causal with no padding as GPTModel is;
+    its rotary table rebuilt on the CPU, a constant as Megatron's is."""
+    rotary = reference.model.rotary_emb
+    reference.model.rotary_emb = type(rotary)(config=hf_config)
+
+    def run(model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        ids = inputs["input_ids"]
+        return model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
+    return Step(reference, run)
+
+
+def hf_to_megatron(hf_config: Any) -> Callable[[dict, int, int], dict]:
+    """The HuggingFace Llama state dict -> rank `rank`'s GPTModel state dict."""
+    hidden, heads = hf_config.hidden_size, hf_config.num_attention_heads
+    groups = hf_config.num_key_value_heads
+    head_dim = getattr(hf_config, "head_dim", None) or hidden // heads
+
+    def shard(state: dict[str, torch.Tensor], rank: int, world: int) -> dict[str, torch.Tensor]:
+        part = lambda tensor, dim: tensor.chunk(world, dim)[rank]
+        out = {"embedding.word_embeddings.weight": part(state["model.embed_tokens.weight"], 0),
+               "decoder.final_layernorm.weight": state["model.norm.weight"],
+               "output_layer.weight": part(state["lm_head.weight"], 0)}
+        for layer in range(hf_config.num_hidden_layers):
+            hf, mc = f"model.layers.{layer}.", f"decoder.layers.{layer}."
+            q = state[hf + "self_attn.q_proj.weight"].reshape(groups, heads // groups * head_dim, hidden)
+            k = state[hf + "self_attn.k_proj.weight"].reshape(groups, head_dim, hidden)
+            v = state[hf + "self_attn.v_proj.weight"].reshape(groups, head_dim, hidden)
+            out[mc + "self_attention.linear_qkv.weight"] = part(torch.cat([q, k, v], 1), 0).reshape(-1, hidden)
+            out[mc + "self_attention.linear_proj.weight"] = part(state[hf + "self_attn.o_proj.weight"], 1)
+            out[mc + "mlp.linear_fc1.weight"] = torch.cat(
+                [part(state[hf + "mlp.gate_proj.weight"], 0), part(state[hf + "mlp.up_proj.weight"], 0)])
+            out[mc + "mlp.linear_fc2.weight"] = part(state[hf + "mlp.down_proj.weight"], 1)
+            out[mc + "input_layernorm.weight"] = state[hf + "input_layernorm.weight"]
+            out[mc + "pre_mlp_layernorm.weight"] = state[hf + "post_attention_layernorm.weight"]
+        return out
+    return shard
+
+
+def _rope_theta(hf_config: Any) -> float:
+    parameters = getattr(hf_config, "rope_parameters", None) or {}
+    return parameters.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))

@@ -1,0 +1,55 @@
+"""A Megatron-Core plan as a config states it, in Megatron's own field names. Only validated
+and held here (no torch or megatron import); scalify/frameworks/megatron_core.py builds it."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from scalify.dtensor_plan import PlanError
+
+# Megatron's parallel sizes (`initialize_model_parallel`'s names) and the ones verified so far.
+PARALLEL_SIZES = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                  "context_parallel_size", "expert_model_parallel_size")
+SUPPORTED_SIZES = ("tensor_model_parallel_size",)
+
+
+@dataclass(frozen=True)
+class MegatronCorePlan:
+    """Parallel sizes, `sequence_parallel`, and further `TransformerConfig` fields (checked
+    against the installed Megatron-Core when the model is built)."""
+
+    tensor_model_parallel_size: int = 1
+    sequence_parallel: bool = False
+    transformer_config: tuple[tuple[str, Any], ...] = ()
+
+    def world_size(self) -> int:
+        return self.tensor_model_parallel_size
+
+
+def parse_megatron_core(value: Any) -> MegatronCorePlan:
+    """`{tensor_model_parallel_size: N, sequence_parallel: bool, transformer_config: {...}}`."""
+    if not isinstance(value, dict):
+        raise PlanError((), f"expected a mapping of Megatron-Core fields, got {value!r}")
+    fields: dict[str, Any] = {}
+    for key, item in value.items():
+        if key in PARALLEL_SIZES:
+            if isinstance(item, bool) or not isinstance(item, int) or item <= 0:
+                raise PlanError((key,), f"expected a positive integer, got {item!r}")
+            if key not in SUPPORTED_SIZES and item > 1:
+                raise PlanError((key,), "not supported yet for Megatron-Core: only "
+                                        f"{', '.join(SUPPORTED_SIZES)} may exceed 1")
+            if key in SUPPORTED_SIZES:
+                fields[key] = item
+        elif key == "sequence_parallel":
+            if not isinstance(item, bool):
+                raise PlanError((key,), f"expected true or false, got {item!r}")
+            fields[key] = item
+        elif key == "transformer_config":
+            if not isinstance(item, dict) or not all(isinstance(k, str) for k in item):
+                raise PlanError((key,), "expected a mapping of TransformerConfig field names "
+                                        f"to values, got {item!r}")
+            fields[key] = tuple(sorted(item.items()))
+        else:
+            raise PlanError((str(key),), "unknown Megatron-Core field (expected one of: "
+                            f"{', '.join((*PARALLEL_SIZES, 'sequence_parallel', 'transformer_config'))})")
+    return MegatronCorePlan(**fields)

@@ -241,13 +241,14 @@ def verify_graphs(ref_graph: Graph, rank_graphs: list[Graph], placements: dict[s
     start = time.perf_counter() if started is None else started
     assumed = {name: ValueRange(*bounds) for name, bounds in (assume or {}).items()}
     written_ref, written_ranks = ref_graph, rank_graphs
-    excluding = list(dict.fromkeys(line for graph in (ref_graph, *rank_graphs)
-                                   for line in excluding_fills(graph)))
     rank_graphs, rounded = factors_as_reference(ref_graph, rank_graphs)
     ref_graph = without_zero_shifts(simplified(assuming([ref_graph], assumed)[0]))
     replicated = lambda target: isinstance(placements.get(target, Replicate()), Replicate)
     rank_graphs = simplified_ranks(with_broadcasts_resolved(assuming(rank_graphs, assumed),
                                                             replicated))
+    excluding = list(dict.fromkeys(line for before, after in zip(
+        (written_ref, *written_ranks), (ref_graph, *rank_graphs))
+        for line in excluding_fills(before, after)))
     options = options or VerifyOptions()
     if not options.context_parallel and context.needed(ref_graph, rank_graphs):
         options = replace(options, context_parallel=True)

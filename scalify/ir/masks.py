@@ -43,14 +43,21 @@ def masks_as_fills(graph: Graph) -> Graph:
     return without_masked_row_guards(additive_masks_as_fills(product_masks_as_fills(graph)))
 
 
-def excluding_fills(graph: Graph) -> list[str]:
-    """The source lines where a finite fill at or below EXCLUDING_FILL (Megatron's -10000,
-    HuggingFace's dtype minimum, added or filled) masks softmax scores, and is taken as -inf:
-    a stated assumption of the proof (`additive_masks_as_fills`, `_excluding_fill`)."""
-    values = constant_values(graph)
-    return list(dict.fromkeys(
-        f"{node.source.file}:{node.source.line}" if node.source else node.name
-        for node in graph if _excluding_fill(graph, node, values)))
+def excluding_fills(written: Graph, simplified: Graph) -> list[str]:
+    """The source lines where `simplified` took a finite fill at or below EXCLUDING_FILL
+    (Megatron's -10000, HuggingFace's dtype minimum, added or filled) of `written`'s softmax
+    scores as -inf: a stated assumption of the proof (`additive_masks_as_fills`)."""
+    lines = []
+    for node in simplified:
+        before = written[node.name] if node.name in written else None
+        if node.op != "masked_fill" or node.attr("value") != -math.inf or before is None:
+            continue
+        test = f"{node.name}.mask"
+        if (before.op == "masked_fill" and before.attr("value") != -math.inf
+                or test in simplified and simplified[test].op == "le_scalar"):
+            lines.append(f"{before.source.file}:{before.source.line}" if before.source
+                         else before.name)
+    return list(dict.fromkeys(lines))
 
 
 def product_masks_as_fills(graph: Graph) -> Graph:

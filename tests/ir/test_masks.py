@@ -128,7 +128,7 @@ def test_a_large_negative_fill_before_a_softmax_is_a_fill_of_minus_infinity() ->
     for written in ("fill", "added minimum"):
         captured, rewritten, inputs = _large_fill(_LargeFill(written))
         assert _fills(rewritten) == [-math.inf], written
-        assert excluding_fills(captured), written  # stated as an assumption of the proof
+        assert excluding_fills(captured, rewritten), written  # stated as an assumption
         before, after = _output(captured, inputs), _output(rewritten, inputs)
         assert torch.allclose(after.double(), before.double()), written
         assert not before[..., _LargeFill(written).masked].any(), written  # weighed 0 as written
@@ -141,4 +141,4 @@ def test_a_large_negative_fill_stays_where_it_is_not_only_a_softmax_weight() -> 
             "a row masked whole": _LargeFill("fill", covered_row=1)}
     for why, module in kept.items():
         captured, rewritten, _ = _large_fill(module)
-        assert _fills(rewritten) == [-10000.0] and not excluding_fills(captured), why
+        assert _fills(rewritten) == [-10000.0] and not excluding_fills(captured, rewritten), why

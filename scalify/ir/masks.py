@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import Callable
 
 import torch
 
@@ -168,29 +169,27 @@ def additive_masks_as_fills(graph: Graph) -> Graph:
 def _masked_operand(graph: Graph, node: Node, values: dict) -> tuple[str, str] | None:
     """(the scores, the mask) of an add of a non-constant value and a constant of zeros and
     -inf of the add's shape, or None."""
-    if node.op != "add" or len(node.inputs) != 2:
-        return None
-    for mask, scores in (node.inputs, node.inputs[::-1]):
-        value = values.get(mask)
-        if (value is not None and scores not in values and value.is_floating_point()
-                and graph[mask].shape == node.shape == graph[scores].shape
-                and bool(((value == 0) | (value == -math.inf)).all())
-                and bool((value == -math.inf).any())):
-            return scores, mask
-    return None
+    return _added_mask(graph, node, values, lambda value: value == -math.inf)
 
 
 def _large_negative_operand(graph: Graph, node: Node, values: dict) -> tuple[str, str] | None:
     """(the scores, the mask) of an add of a non-constant value and a constant of zeros and
     finite values at or below EXCLUDING_FILL, some of them, of the add's shape; or None."""
+    return _added_mask(graph, node, values,
+                       lambda value: (value <= EXCLUDING_FILL) & value.isfinite())
+
+
+def _added_mask(graph: Graph, node: Node, values: dict,
+                masked: Callable[[torch.Tensor], torch.Tensor]) -> tuple[str, str] | None:
+    """(the scores, the mask) of an add of a non-constant value and a constant of the add's
+    shape whose elements are zeros or `masked`, some of them masked; or None."""
     if node.op != "add" or len(node.inputs) != 2:
         return None
     for mask, scores in (node.inputs, node.inputs[::-1]):
         value = values.get(mask)
         if (value is not None and scores not in values and value.is_floating_point()
                 and graph[mask].shape == node.shape == graph[scores].shape
-                and bool(((value == 0) | (value <= EXCLUDING_FILL) & value.isfinite()).all())
-                and bool((value <= EXCLUDING_FILL).any())):
+                and bool(((value == 0) | masked(value)).all()) and bool(masked(value).any())):
             return scores, mask
     return None
 

@@ -56,8 +56,7 @@ def excluding_fills(written: Graph, simplified: Graph) -> list[str]:
         test = f"{node.name}.mask"
         if (before.op == "masked_fill" and before.attr("value") != -math.inf
                 or test in simplified and simplified[test].op == "le_scalar"):
-            lines.append(f"{before.source.file}:{before.source.line}" if before.source
-                         else before.name)
+            lines.append(str(before.source) if before.source else before.name)
     return list(dict.fromkeys(lines))
 
 
@@ -195,7 +194,7 @@ def _added_mask(graph: Graph, node: Node, values: dict,
 
 
 def _excluding_fill(graph: Graph, node: Node, values: dict,
-                    users: dict[str, list[str]] | None = None) -> bool:
+                    users: dict[str, list[str]]) -> bool:
     """Whether `node` masks scores with a finite fill at or below EXCLUDING_FILL (a
     `masked_fill` by a constant mask, or an add of such a constant), read by softmaxes over
     its last dim alone (through casts), and every row along that dim keeps an entry: then a
@@ -213,8 +212,7 @@ def _excluding_fill(graph: Graph, node: Node, values: dict,
         kept = values[operands[1]] > EXCLUDING_FILL
     if not node.shape or not bool(kept.any(-1).all()):
         return False
-    return _read_by_softmaxes(graph, node.name, len(node.shape) - 1,
-                              graph.users() if users is None else users)
+    return _read_by_softmaxes(graph, node.name, len(node.shape) - 1, users)
 
 
 def _read_by_softmaxes(graph: Graph, name: str, dim: int, users: dict[str, list[str]]) -> bool:

@@ -25,15 +25,17 @@ def factors_as_reference(reference: Graph, ranks: list[Graph]) -> tuple[list[Gra
     snapped: list[str] = []
     result = []
     for graph in ranks:
+        nearest = {node.name: near for node in graph if (factor := _factor(node)) is not None
+                   and factor not in written and (near := _nearest(factor, written)) is not None}
+        if not nearest:  # (the graph as it is: nothing to copy)
+            result.append(graph)
+            continue
         out = Graph(outputs=list(graph.outputs), sampled_reads=graph.sampled_reads)
         for node in graph:
-            factor = _factor(node)
-            near = None if factor is None or factor in written else _nearest(factor, written)
-            if near is not None:
-                node = replace(node, attrs=tuple((k, near if k == "value" else v)
+            if node.name in nearest:
+                node = replace(node, attrs=tuple((k, nearest[node.name] if k == "value" else v)
                                                  for k, v in node.attrs))
-                snapped.append(f"{node.source.file}:{node.source.line}" if node.source
-                               else node.name)
+                snapped.append(str(node.source) if node.source else node.name)
             out.add(node)
         result.append(out)
     return result, list(dict.fromkeys(snapped))

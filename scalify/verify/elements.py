@@ -47,7 +47,7 @@ _CONST_KEYS = re.compile(r'\(const "([0-9a-f]+)"\)')
 ELEMENT_LIMIT = 1 << 20  # elements numbered per tensor; larger ones are left to the e-graph
 BUDGET = 1 << 21  # elements numbered per query; past it rank tensors get fresh ids
 WORK_LIMIT = 1 << 20  # polynomial terms built per query; past it the query is not numbered
-DOT_LIMIT = 256  # monomials a matmul element may expand to; past it, one id per row and column
+DOT_LIMIT = 256  # monomials a matmul element may expand to; past it, products stay unexpanded
 CONSTANT_VALUES = 4096  # distinct values a constant may have to be numbered by its values
 DEPTH = 150  # definitions followed upstream from one query
 
@@ -228,11 +228,12 @@ class Origins:
 
     def _dot(self, pair: tuple[int, ...]) -> int:
         """A matmul element: the polynomial sum of the row's and column's products while it is
-        at most DOT_LIMIT monomials, else one id for the pair. The choice depends on the
-        operands' ids alone, so an element is numbered alike wherever it is computed alike."""
+        at most DOT_LIMIT monomials, else the sum of its products left unexpanded. The choice
+        depends on the operands' ids alone, so an element is numbered alike wherever it is
+        computed alike."""
         xs, ys = self._row_ids[pair[0]], self._row_ids[pair[1]]
         if self._poly.product_size(xs, ys) > DOT_LIMIT:
-            return self._poly.code(("matmul", *pair))
+            return self._poly.unexpanded_dot(xs, ys)
         return self._poly.dot(xs, ys)
 
     def _rows(self, x: torch.Tensor) -> torch.Tensor:

@@ -145,6 +145,20 @@ class Polynomials:
                 raise OverBudget
         return self.of_terms(total)
 
+    def unexpanded_dot(self, xs: Iterable[int], ys: Iterable[int]) -> int:
+        """The id of sum(x * y) with each product one monomial of its normalized factors (a
+        matmul element too large to multiply out): as many terms as pairs, so a contraction
+        split across ranks and summed still gets the reference's id."""
+        total: dict[int, Number] = {}
+        for x, y in zip(xs, ys):
+            (sx, ux), (sy, uy) = self._normalized(x), self._normalized(y)
+            monomial = self._monomial(self._of(ux) + self._of(uy))
+            total[monomial] = total.get(monomial, 0) + sx * sy
+            self.work += 1
+        if self.work > self.limit:
+            raise OverBudget
+        return self.of_terms(total)
+
     def elementwise(self, head: str, attrs: tuple, values: tuple[int, ...]) -> int | None:
         """The id of an elementwise op the algebra knows, or None (then the op is an atom)."""
         if head == "psum":

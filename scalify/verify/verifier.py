@@ -38,6 +38,7 @@ from .encode import encode
 from .opaque import opaque_dependents, opaque_sources, unknown_reason
 from .relations import (Relation, Shape, describe, expected_output, family_relation,
                         from_placement, leaf, output_holders, read_in_part, stage_relation)
+from .regions import matched_regions, region_of
 from .segments import SegmentKey, segment_key
 from .session import EgglogSession, NoAnswer, WindowLimits
 from .store import MemoStore, ProofStore
@@ -45,7 +46,6 @@ from .upstream import chain_lines, cut_lines
 
 WHOLE_PROGRAM_ELEMENTS = 1 << 16  # rank programs this small are searched whole by numbering
 NUMBERING_TERMS = 1 << 22  # polynomial terms, and element ids, kept between queries
-_LAYER = re.compile(r"^(.*?\.\d+)(\.|$)")
 # Ops that only move data (a gather too): a window's depth does not count them, so a relation
 # carried as movement of rank tensors (a reshape, a slice) still reaches the ranks' next op.
 _MOVES_DATA = frozenset(name for name, op in OPS.items() if op.trait == MOVEMENT) | {
@@ -54,12 +54,7 @@ _LEAF_NAME = re.compile(r'\(dist "([^"]+)"\)')
 
 
 _BROADCASTS = frozenset({"expand", "unsqueeze"})
-
-
-def region_of(module: str) -> str:
-    """The layer a module path belongs to (`model.layers.3`), or "" outside numbered layers."""
-    match = _LAYER.match(module)
-    return match.group(1) if match else ""
+_UNDEFINED = frozenset({"opaque", "placeholder"})  # rank tensors windows never define
 
 
 @dataclass
@@ -161,7 +156,10 @@ class Verifier:
         self._numbering: tuple[tuple, Origins] | None = None  # (its replicas, the numbering)
         self._polynomials = Polynomials()
         self.dist_opaque = opaque_dependents(dist.graph)  # rank values nothing is known about
-        self.region = {n.name: region_of(n.source.module) for n in dist.graph}
+        rank_regions = {n.name: region_of(n.source.module) for n in dist.graph}
+        as_reference = matched_regions((region_of(n.source.module) for n in ref),
+                                       rank_regions.values())
+        self.region = {name: as_reference[region] for name, region in rank_regions.items()}
         self.labels = {n.name: _label(n, "every rank" if dist.symbolic else
                                       f"rank {dist.rank_of(n.name)}") for n in dist.graph}
         self.region_nodes: dict[str, list[Node]] = {}
@@ -621,7 +619,8 @@ class Verifier:
         of `start`, where ops that move data are no hop if `look_through`.
 
         Ops on replicated inputs have their counterparts one hop away on every rank; ops on
-        sharded or partial inputs look further, past collectives.
+        sharded or partial inputs look further, past collectives. Looking through, data movement
+        of another region is crossed too (a layer's input transposed where it was made).
         """
         seeds = self._moved_from(start, region) if look_through else set(start)
         depth = {name: 0 for name in seeds}
@@ -631,10 +630,10 @@ class Verifier:
             if depth[name] >= max_depth:
                 continue
             for user in self.users[name]:
-                if user in depth or user in self.dist_const or region is not None and (
-                        self.region[user] != region):
-                    continue
                 moves = look_through and self.dist.graph[user].op in _MOVES_DATA
+                if user in depth or user in self.dist_const or region is not None and (
+                        self.region[user] != region and not moves):
+                    continue
                 depth[user] = depth[name] + (not moves)
                 (queue.appendleft if moves else queue.append)(user)
         window = sorted((n for n in depth if n not in start), key=self.dist.order.get)
@@ -694,7 +693,7 @@ class Verifier:
         for arg in self.dist.graph[name].inputs:
             node = self.dist.graph[arg]
             if (arg in defined or arg in known or arg in self.dist_const
-                    or node.op in ("placeholder", "opaque") or self.region[arg] != region
+                    or node.op in _UNDEFINED or self.region[arg] != region
                     and not (across and OPS[node.op].trait == MOVEMENT)):
                 continue
             defined.add(arg)
@@ -702,10 +701,11 @@ class Verifier:
         return found
 
     def _definitions(self, names: list[str]) -> list[str]:
-        """A union of each rank tensor with its definition; opaque ones stay undefined (free
-        values, about which nothing is known)."""
+        """A union of each rank tensor with its definition; opaque ones and inputs stay
+        undefined (free values, about which nothing is known: every rank's parameter of one name
+        has the same placeholder term, and is not the same value)."""
         return [f"(union {leaf(name)} {self._definition(name)})" for name in names
-                if self.dist.graph[name].op != "opaque"]
+                if self.dist.graph[name].op not in _UNDEFINED]
 
     def _definition(self, name: str) -> str:
         node = self.dist.graph[name]
@@ -743,7 +743,7 @@ class Verifier:
             if self._same_elements(relation, expected, relations):
                 continue
             known = set(relation.leaf_names())
-            region = region_of(self.dist.graph[rank_outputs[0]].source.module)
+            region = self.region[rank_outputs[0]]
             # From the relation's rank tensors down, and from the rank outputs up: ops between
             # the last related tensor and an output (a reorder, a cut and rejoin) may be deeper
             # than a window.

@@ -128,3 +128,18 @@ def test_a_dot_products_size_counts_the_monomials_it_multiplies_out():
     projected = p.dot([x, y], [w, w])  # two monomials
     assert p.product_size([x, y], [w, w]) == 2
     assert p.product_size([projected, projected], [x, y]) == 4
+
+
+def test_a_large_contraction_split_in_two_and_summed_is_the_whole_one_unexpanded():
+    poly = Polynomials()
+    start = poly.fresh(8)
+    wide = poly.linear((1, v) for v in range(start, start + 4))  # a row too long to multiply out
+    scaled = poly.linear([(3, wide)])
+    weights = poly.fresh(4)
+    xs, ys = [wide, scaled, wide, start + 4], list(range(weights, weights + 4))
+    whole = poly.unexpanded_dot(xs, ys)
+    halves = poly.linear([(1, poly.unexpanded_dot(xs[:2], ys[:2])),
+                          (1, poly.unexpanded_dot(xs[2:], ys[2:]))])
+    assert whole == halves
+    assert len(poly.terms(whole)) == 4  # a term per pair, none multiplied out
+    assert poly.unexpanded_dot(xs, ys[::-1]) != whole

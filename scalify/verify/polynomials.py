@@ -151,6 +151,8 @@ class Polynomials:
         split across ranks and summed still gets the reference's id."""
         total: dict[int, Number] = {}
         for x, y in zip(xs, ys):
+            if self.zero in (x, y):
+                continue
             (sx, ux), (sy, uy) = self._normalized(x), self._normalized(y)
             monomial = self._monomial(self._of(ux) + self._of(uy))
             total[monomial] = total.get(monomial, 0) + sx * sy

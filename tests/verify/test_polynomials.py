@@ -143,3 +143,4 @@ def test_a_large_contraction_split_in_two_and_summed_is_the_whole_one_unexpanded
     assert whole == halves
     assert len(poly.terms(whole)) == 4  # a term per pair, none multiplied out
     assert poly.unexpanded_dot(xs, ys[::-1]) != whole
+    assert poly.unexpanded_dot([poly.zero, *xs], [weights, *ys]) == whole  # a zero adds nothing

@@ -120,9 +120,9 @@ class Polynomials:
             return self._roots[x]
         tx, ty = self.terms(x), self.terms(y)
         if min(len(tx), len(ty)) > 1 and len(tx) * len(ty) > EXPANSION_LIMIT:
-            (sx, ux), (sy, uy) = self._normalized(x), self._normalized(y)
             self.work += 1
-            return self.of_terms({self._monomial(self._of(ux) + self._of(uy)): sx * sy})
+            monomial, scale = self._unexpanded(x, y)
+            return self.of_terms({monomial: scale})
         total: dict[int, Number] = {}
         for mx, cx in tx:
             for my, cy in ty:
@@ -153,9 +153,8 @@ class Polynomials:
         for x, y in zip(xs, ys):
             if self.zero in (x, y):
                 continue
-            (sx, ux), (sy, uy) = self._normalized(x), self._normalized(y)
-            monomial = self._monomial(self._of(ux) + self._of(uy))
-            total[monomial] = total.get(monomial, 0) + sx * sy
+            monomial, scale = self._unexpanded(x, y)
+            total[monomial] = total.get(monomial, 0) + scale
             self.work += 1
         if self.work > self.limit:
             raise OverBudget
@@ -204,6 +203,11 @@ class Polynomials:
             self._roots[root] = x
             self._nonnegative.add(root)
         return root
+
+    def _unexpanded(self, x: int, y: int) -> tuple[int, Number]:
+        """x * y as one monomial of the normalized factors, and its coefficient."""
+        (sx, ux), (sy, uy) = self._normalized(x), self._normalized(y)
+        return self._monomial(self._of(ux) + self._of(uy)), sx * sy
 
     def _normalized(self, value: int) -> tuple[Number, int]:
         """value as scale * (a polynomial whose first coefficient is 1), once per value."""

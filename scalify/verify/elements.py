@@ -30,6 +30,7 @@ from ..ir.graph import Node
 from ..ir.ops import OPS
 from ..rules.terms import App, Term, evaluate, leaves, parse, parse_op_key, render
 from .layout import layout_term
+from .places import affine_places
 from .polynomials import OverBudget, Polynomials
 from .relations import Relation, concat_terms, leaf
 
@@ -347,7 +348,27 @@ def follow_elements(value: str, candidates: list[Node], origins: Origins,
     hits = [held[element] for element in ids.reshape(-1).tolist()]
     which = torch.tensor([i for i, _ in hits]).reshape(ids.shape)
     where = torch.tensor([f for _, f in hits]).reshape(ids.shape)
-    return _laid_out(which, where, candidates, order)
+    term = _laid_out(which, where, candidates, order)
+    if term is None:  # equal elements read from scattered places: look for affine ones
+        term = _laid_out_affinely(ids, sorted(set(which.reshape(-1).tolist())), candidates,
+                                  origins, order)
+    return term
+
+
+def _laid_out_affinely(ids: torch.Tensor, used: list[int], candidates: list[Node],
+                       origins: Origins, order: dict[str, int]) -> str | None:
+    """The term laying out `ids` from the `used` candidates at places affine in its dims
+    (places.py), when some of its elements are held at several places."""
+    used = sorted(used, key=lambda i: order.get(candidates[i].name, 0))
+    held = [origins.of(App("dist", (candidates[i].name,))).reshape(-1) for i in used]
+    places = affine_places(ids, torch.cat(held))
+    if places is None:
+        return None
+    ends = torch.tensor([t.numel() for t in held]).cumsum(0)
+    position = torch.searchsorted(ends, places, right=True)
+    starts = ends - torch.tensor([t.numel() for t in held])
+    which = torch.tensor(used)[position]
+    return _laid_out(which, places - starts[position], candidates, order)
 
 
 def _laid_out(which: torch.Tensor, where: torch.Tensor, candidates: list[Node],

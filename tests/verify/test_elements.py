@@ -177,3 +177,24 @@ def test_a_slot_written_twice_is_not_numbered():
     cache = origins.of(parse('(dist "r0/cache")'))
     written = origins.of(parse('(dist "r0/write")'))
     assert not set(written.reshape(-1).tolist()) & set(cache.reshape(-1).tolist())
+
+
+def test_a_value_with_zeros_held_at_many_places_is_laid_out():
+    """HF's `rotate_half(q) * sin` against Megatron's per-rank product in `[s, b, h, d]`: sin(0)
+    makes the first sequence row zeros, which every rank holds at many places; the layout is read
+    off the other rows and holds for the zeros too."""
+    sin = torch.sin(torch.arange(8.0)[:, None] * torch.tensor([1.0, 0.5]))  # [s, d], row 0 zero
+    tables = {"rank_sin": sin[:, None, None, :].expand(8, 2, 2, 2).contiguous(),  # [s, b, h, d]
+              "ref_sin": sin[None, None].expand(2, 4, 8, 2).contiguous()}  # [b, h, s, d]
+    origins = Origins(lambda name: parse(f'(binary "mul" (dist "{name[:3]}q") (const "rank_sin"))')
+                      if name.endswith("/c") else None,
+                      lambda name: (8, 2, 2, 2), lambda key: tuple(tables[key[8:-2]].shape), {},
+                      const_value=lambda key: tables[key[8:-2]])
+    value = ('(binary "mul" (concat (transpose (transpose (dist "r0/q") 0 1) 1 2) '
+             '(transpose (transpose (dist "r1/q") 0 1) 1 2) 1 2 2) (const "ref_sin"))')
+    candidates = [_node(f"r{rank}/c", "mul", [f"r{rank}/q"], (8, 2, 2, 2)) for rank in (0, 1)]
+    term = follow_elements(value, candidates, origins, {"r0/c": 0, "r1/c": 1})
+    assert term is not None
+    products = {f"r{rank}/c": torch.randn(8, 2, 2, 2) * tables["rank_sin"] for rank in (0, 1)}
+    expected = torch.cat([products[f"r{rank}/c"].permute(1, 2, 0, 3) for rank in (0, 1)], 1)
+    assert torch.equal(evaluate(parse(term), products), expected)

@@ -337,22 +337,35 @@ def follow_elements(value: str, candidates: list[Node], origins: Origins,
                     places.setdefault(element, flat)
             if places:
                 holders.append((index, places))
+    held = _covered(holders, len(wanted))
+    if held is None:
+        return None
+    hits = [held[element] for element in ids.reshape(-1).tolist()]
+    which = torch.tensor([i for i, _ in hits]).reshape(ids.shape)
+    where = torch.tensor([f for _, f in hits]).reshape(ids.shape)
+    term = _laid_out(which, where, candidates, order)
+    if term is None:  # equal elements read from scattered places: look for affine ones, in
+        # the tensors that hold most of the value (its repeated elements where they belong)
+        whole = _covered(holders, len(wanted), whole_first=True)
+        used = sorted({index for index, _ in whole.values()})
+        term = _laid_out_affinely(ids, used, candidates, origins, order)
+    return term
+
+
+def _covered(holders: list[tuple[int, dict[int, int]]], wanted: int, whole_first: bool = False
+             ) -> dict[int, tuple[int, int]] | None:
+    """Each wanted id -> (candidate, flat index) in the fewest candidates: the one holding most of
+    the rest first (with `whole_first`, of those, the one holding most of all), or None."""
     held: dict[int, tuple[int, int]] = {}
-    while len(held) < len(wanted):  # the fewest tensors: the one holding most of the rest first
-        index, places = max(holders, key=lambda h: sum(e not in held for e in h[1]),
+    while len(held) < wanted:
+        index, places = max(holders, key=lambda h: (sum(e not in held for e in h[1]),
+                                                    len(h[1]) if whole_first else 0),
                             default=(None, {}))
         fresh = {e: (index, flat) for e, flat in places.items() if e not in held}
         if not fresh:
             return None
         held.update(fresh)
-    hits = [held[element] for element in ids.reshape(-1).tolist()]
-    which = torch.tensor([i for i, _ in hits]).reshape(ids.shape)
-    where = torch.tensor([f for _, f in hits]).reshape(ids.shape)
-    term = _laid_out(which, where, candidates, order)
-    if term is None:  # equal elements read from scattered places: look for affine ones
-        term = _laid_out_affinely(ids, sorted(set(which.reshape(-1).tolist())), candidates,
-                                  origins, order)
-    return term
+    return held
 
 
 def _laid_out_affinely(ids: torch.Tensor, used: list[int], candidates: list[Node],

@@ -198,3 +198,23 @@ def test_a_value_with_zeros_held_at_many_places_is_laid_out():
     products = {f"r{rank}/c": torch.randn(8, 2, 2, 2) * tables["rank_sin"] for rank in (0, 1)}
     expected = torch.cat([products[f"r{rank}/c"].permute(1, 2, 0, 3) for rank in (0, 1)], 1)
     assert torch.equal(evaluate(parse(term), products), expected)
+
+
+def test_masked_scores_are_read_from_the_filled_tensors_not_the_scores_before():
+    """A causal fill over two ranks' heads: each rank holds its scores before the fill and after
+    it, alike but for the filled entries; the value is laid out from the filled ones."""
+    mask = torch.ones(4, 4, dtype=torch.bool).triu(1).expand(2, 4, 4)
+    definitions = {f"r{rank}/m": f'(masked_fill (dist "r{rank}/s") (const "mask") "-inf")'
+                   for rank in (0, 1)}
+    origins = Origins(lambda name: parse(definitions[name]) if name in definitions else None,
+                      lambda name: (2, 4, 4), lambda key: (2, 4, 4), {},
+                      const_value=lambda key: mask)
+    value = ('(masked_fill (concat (dist "r0/s") (dist "r1/s") 0 2 2) '
+             '(concat (const "mask") (const "mask") 0 2 2) "-inf")')
+    candidates = [_node(f"r{rank}/{name}", op, [f"r{rank}/s"], (2, 4, 4))
+                  for rank in (0, 1) for name, op in (("s", "placeholder"), ("m", "masked_fill"))]
+    order = {node.name: index for index, node in enumerate(candidates)}
+    term = follow_elements(value, candidates, origins, order)
+    assert term is not None and "/s" not in term
+    scores = {f"r{rank}/m": torch.randn(2, 4, 4).masked_fill(mask, float("-inf")) for rank in (0, 1)}
+    assert torch.equal(evaluate(parse(term), scores), torch.cat([scores["r0/m"], scores["r1/m"]]))

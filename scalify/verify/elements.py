@@ -51,7 +51,6 @@ WORK_LIMIT = 1 << 20  # polynomial terms built per query; past it the query is n
 DOT_LIMIT = 256  # monomials a matmul element may expand to; past it, products stay unexpanded
 CONSTANT_VALUES = 4096  # distinct values a constant may have to be numbered by its values
 DEPTH = 150  # definitions followed upstream from one query
-RESUMED_QUERIES = 4  # budgets a followed value may take, each resuming from the last
 
 
 @dataclass(frozen=True)
@@ -86,26 +85,14 @@ class Origins:
         self._computed: dict[App, torch.Tensor] = {}  # an op's term -> its ids
         self._spent = 0
         self._depth = 0
-        self._over_budget = False  # this query's work ran past its limit somewhere
         self.held = 0  # elements whose ids are kept (its memory)
 
     def new_query(self) -> Origins:
         """Restart the per-query budgets (ids numbered so far are kept: they stay exact)."""
         self._spent = 0
-        self._over_budget = False
         self._poly.work = 0
         self._poly.limit = WORK_LIMIT
         return self
-
-    def of_resumed(self, term: Term, queries: int = RESUMED_QUERIES) -> torch.Tensor | None:
-        """`of(term)`, numbered over up to `queries` queries' budgets while one runs out: each
-        resumes from the ops the last one numbered (a value deep in a large program)."""
-        ids = self.of(term)
-        for _ in range(queries - 1):
-            if ids is not None or not self._over_budget:
-                break
-            ids = self.new_query().of(term)
-        return ids
 
     def of(self, term: Term) -> torch.Tensor | None:
         """The ids of `term`'s elements, or None (an op numbered by no rule, or too large)."""
@@ -121,8 +108,8 @@ class Origins:
         ids = self._computed.get(term)
         if ids is None:
             ids = self._computed_ids(term)
-            if ids is not None and not self._over_budget:  # (past a budget its operands may
-                self._computed[term] = ids                 # be fresh: a later query numbers it)
+            if ids is not None:  # (not past a budget: a later query may number it)
+                self._computed[term] = ids
                 self.held += ids.numel()
         return ids
 
@@ -141,7 +128,6 @@ class Origins:
         except (ValueError, RuntimeError):  # ill-shaped: no numbering, not an error
             return None
         except OverBudget:
-            self._over_budget = True
             return None
         if ids is not None:
             self._spent += ids.numel()
@@ -310,9 +296,6 @@ class Origins:
                     ids = self.of(definition)
                 finally:
                     self._depth -= 1
-            if self._over_budget:  # not kept: a later query, with a budget of its own, numbers it
-                del self._ids[name]
-                return ids if ids is not None else self._fresh(self._shape_of(name))
             self._ids[name] = ids if ids is not None else self._fresh(self._shape_of(name))
             self.held += 0 if self._ids[name] is None else self._ids[name].numel()
         return self._ids[name]
@@ -346,7 +329,7 @@ def follow_elements(value: str, candidates: list[Node], origins: Origins,
     """A movement term over `candidates` (rank tensors) equal to the term `value`, or None when
     some element of `value` is held by none of them. Of tensors holding as many of its elements,
     the earliest is taken, or with `latest` the last the ranks computed (their final layout)."""
-    ids = origins.of_resumed(parse(value))
+    ids = origins.of(parse(value))
     if ids is None or ids.numel() == 0:
         return None
     wanted = set(ids.reshape(-1).tolist())

@@ -232,18 +232,3 @@ def test_a_contraction_split_over_ranks_sums_to_the_whole_in_a_large_program():
                              '(concat (dist "r0/b") (dist "r1/b") 0 2 2) 2)'))
     assert torch.equal(whole, origins.of(parse('(psum (dist "r0/c") (dist "r1/c"))')))
     assert not torch.equal(whole, origins.of(parse('(dist "r0/c")')))
-
-
-def test_a_value_past_one_querys_budget_is_numbered_over_the_next(monkeypatch):
-    """Two products in a row, each within the work one query may do but not both: the second
-    query resumes from the first product and numbers the value; nothing past the budget is kept
-    as if computed."""
-    from scalify.verify import elements
-
-    monkeypatch.setattr(elements, "WORK_LIMIT", 100)
-    value = parse('(matmul (matmul (dist "r0/a") (dist "r0/b") 2) (dist "r0/b") 2)')
-    fresh = lambda: Origins(lambda name: None, lambda name: (4, 4), lambda key: None, {},
-                            expand_products=False).new_query()
-    assert fresh().of(value) is None
-    resumed = fresh().of_resumed(value)
-    assert resumed is not None and resumed.unique().numel() == 16

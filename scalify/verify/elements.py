@@ -223,16 +223,9 @@ class Origins:
             return None
         rows = self._rows(a).unsqueeze(-1).expand(*a.shape[:-1], b.shape[-1])
         columns = self._rows(b.transpose(-1, -2)).unsqueeze(-2).expand(rows.shape)
-        if a.shape[-1] > DOT_LIMIT:
+        if a.shape[-1] > DOT_LIMIT or not self._expand_products:
             return self._numbered(("matmul",), [rows, columns])
-        if not self._expand_products:  # (a large program: products are never multiplied out)
-            return self._per_element(self._unexpanded_dot, [rows, columns])
         return self._per_element(self._dot, [rows, columns])
-
-    def _unexpanded_dot(self, pair: tuple[int, ...]) -> int:
-        """A matmul element as the sum of its products, each left unexpanded: a contraction
-        split across ranks and summed gets the whole one's id."""
-        return self._poly.unexpanded_dot(self._row_ids[pair[0]], self._row_ids[pair[1]])
 
     def _dot(self, pair: tuple[int, ...]) -> int:
         """A matmul element: the polynomial sum of the row's and column's products while it is

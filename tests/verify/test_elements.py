@@ -218,17 +218,3 @@ def test_masked_scores_are_read_from_the_filled_tensors_not_the_scores_before():
     assert term is not None and "/s" not in term
     scores = {f"r{rank}/m": torch.randn(2, 4, 4).masked_fill(mask, float("-inf")) for rank in (0, 1)}
     assert torch.equal(evaluate(parse(term), scores), torch.cat([scores["r0/m"], scores["r1/m"]]))
-
-
-def test_a_contraction_split_over_ranks_sums_to_the_whole_in_a_large_program():
-    """A row-parallel projection numbered without multiplying products out (a program too large
-    for that): the ranks' partial products, summed, get the reference product's ids."""
-    definitions = {f"r{rank}/c": f'(matmul (dist "r{rank}/a") (dist "r{rank}/b") 2)' for rank in (0, 1)}
-    shapes = {"r0/a": (3, 2), "r1/a": (3, 2), "r0/b": (2, 5), "r1/b": (2, 5)}
-    origins = Origins(lambda name: parse(definitions[name]) if name in definitions else None,
-                      lambda name: shapes.get(name, (3, 5)), lambda key: None, {},
-                      expand_products=False)
-    whole = origins.of(parse('(matmul (concat (dist "r0/a") (dist "r1/a") 1 2 2) '
-                             '(concat (dist "r0/b") (dist "r1/b") 0 2 2) 2)'))
-    assert torch.equal(whole, origins.of(parse('(psum (dist "r0/c") (dist "r1/c"))')))
-    assert not torch.equal(whole, origins.of(parse('(dist "r0/c")')))

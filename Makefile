@@ -29,13 +29,14 @@ test-slow: venv
 
 # The blind corpus (tests/corpus): each case checked on gloo processes, then verified; prints
 # the table per style and step (ARGS=style/ or a case name to run some; CORPUS_DEADLINE=S for
-# each case's proof deadline, past which what is not proved is unknown).
+# each case's proof deadline, past which what is not proved is unknown; CORPUS_JOBS=N cases at once).
 CORPUS_DEADLINE ?= 300
+CORPUS_JOBS ?= 1
 corpus: venv
 	mkdir -p reports
 	$(VENV)/bin/python -m tests.corpus.gloo_check $(ARGS)
 	$(VENV)/bin/python -m tests.corpus.verify_cases --json reports/corpus.json \
-	  --deadline $(CORPUS_DEADLINE) $(ARGS)
+	  --deadline $(CORPUS_DEADLINE) --jobs $(CORPUS_JOBS) $(ARGS)
 
 # Every parallelism x forward/backward cell, verified or caught, printed as a table.
 matrix: venv

@@ -1,5 +1,10 @@
 """The corpus harness selects cases by `style/name` or by path, says when none matches, and
-reports a case whose proof outlives its deadline as unknown."""
+reports a case whose proof outlives its deadline as unknown; cases verified at once are
+reported in case order."""
+import json
+import subprocess
+import sys
+
 import pytest
 
 from .cases import ROOT, case_paths, load
@@ -22,3 +27,13 @@ def test_a_case_past_its_deadline_is_unknown_not_verified() -> None:
     assert run(case).verdict == "verified"
     late = run(case, deadline_seconds=0.0)
     assert late.verdict == "unknown" and "deadline" in late.detail
+
+
+def test_cases_verified_at_once_are_reported_in_case_order(tmp_path) -> None:
+    names = ["dtensor/distribute_tensor_mlp", "dtensor/distribute_tensor_mlp_wrong_shard_dim"]
+    out = tmp_path / "corpus.json"
+    subprocess.run([sys.executable, "-m", "tests.corpus.verify_cases", *names, "--jobs", "2",
+                    "--json", str(out)], cwd=ROOT.parent.parent, check=True, timeout=600)
+    outcomes = json.loads(out.read_text())
+    assert [o["name"] for o in outcomes] == names
+    assert [o["verdict"] for o in outcomes] == ["verified", "discrepancy"]

@@ -1,6 +1,6 @@
 """Scalify on the corpus: every case verified (correct) or caught at its `# BUG` line (buggy).
 
-    python -m tests.corpus.verify_cases [CASE ...] [--json FILE] [--deadline S]  # make corpus
+    python -m tests.corpus.verify_cases [CASE ...] [--json FILE] [--deadline S] [--jobs N]
 
 Prints one line per case as it finishes, then the table per style and step: verified of the
 correct cases, caught and localized of the buggy ones, crashes and unknowns, and every false
@@ -18,6 +18,7 @@ import sys
 import time
 import traceback
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -158,6 +159,16 @@ def table(outcomes: list[Outcome]) -> str:
     return "\n".join(lines)
 
 
+def _run_and_print(path: Path, deadline_seconds: float) -> Outcome:
+    """`run_bounded`, its line printed as it finishes."""
+    outcome = run_bounded(path, deadline_seconds)
+    mark = "ok  " if outcome.as_expected else "MISS"
+    where = f" (at the bug's line, one of {outcome.named} named)" if outcome.localized else ""
+    print(f"{mark} {outcome.name} [{outcome.step}, {'bug' if outcome.buggy else 'correct'}]: "
+          f"{outcome.verdict}{where} in {outcome.seconds:.1f} s {outcome.detail}", flush=True)
+    return outcome
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("cases", nargs="*", help="cases (style/name or part of it); default all")
@@ -165,16 +176,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deadline", type=float, default=DEADLINE_SECONDS, metavar="SECONDS",
                         help="each case's proof deadline (default %(default)g): past it, what "
                         "is not proved is unknown")
+    parser.add_argument("--jobs", type=int, default=1, metavar="N",
+                        help="cases verified at once, each in its own process (default "
+                        "%(default)s; one a core: a proof runs on one)")
     args = parser.parse_args(argv)
-    outcomes = []
-    for path in case_paths(args.cases):
-        outcome = run_bounded(path, args.deadline)
-        outcomes.append(outcome)
-        mark = "ok  " if outcome.as_expected else "MISS"
-        where = (f" (at the bug's line, one of {outcome.named} named)" if outcome.localized
-                 else "")
-        print(f"{mark} {outcome.name} [{outcome.step}, {'bug' if outcome.buggy else 'correct'}]: "
-              f"{outcome.verdict}{where} in {outcome.seconds:.1f} s {outcome.detail}", flush=True)
+    with ThreadPoolExecutor(max(args.jobs, 1)) as pool:
+        outcomes = list(pool.map(lambda path: _run_and_print(path, args.deadline),
+                                 case_paths(args.cases)))
     print(table(outcomes))
     named = sorted(o.named for o in outcomes if o.buggy and o.verdict == "discrepancy")
     if named:  # how narrow "at the bug's line" is

@@ -7,7 +7,7 @@ other takes an e-graph many steps. Here every element gets an integer id that na
 computed (value numbering): a rank tensor no rule below reads gets fresh ids, data movement moves
 ids, and an op's output element gets one id per op, attributes and the ids it reads (its
 operands' elements for an elementwise op, the row for a softmax or a reduction, the row and
-column for a matmul). Equal ids are equal values. The reference op applied to its inputs'
+column for a matmul, or its products: `Products`). Equal ids are equal values. The reference op applied to its inputs'
 relations is numbered the same way; when every id it yields is held by some rank tensor, the
 reference value is those tensors' elements laid out as found (layout.py), an exact relation.
 Replicas the relations name (`Relation.aliases`) count as the tensor they copy, and rank inputs
@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from math import prod
-from typing import Callable
+from typing import Callable, Literal
 
 import torch
 
@@ -35,6 +35,10 @@ from .polynomials import OverBudget, Polynomials
 from .relations import Relation, concat_terms, leaf
 
 Shape = tuple[int, ...]
+# How a matmul element is numbered: the polynomial sum of its products (a small program), one
+# id per row and column (a large one: cheap), or the sum of its products left unexpanded (a
+# large one whose split contraction, summed over ranks, must get the whole one's id).
+Products = Literal["expanded", "opaque", "unexpanded"]
 MOVES = frozenset({"concat", "slice", "expand", "unsqueeze", "squeeze", "merge", "split",
                    "transpose"})
 ELEMENTWISE = frozenset({"unary", "binary", "where3", "masked_fill", "psum", "pmax", "cmp_int",
@@ -51,6 +55,7 @@ WORK_LIMIT = 1 << 20  # polynomial terms built per query; past it the query is n
 DOT_LIMIT = 256  # monomials a matmul element may expand to; past it, products stay unexpanded
 CONSTANT_VALUES = 4096  # distinct values a constant may have to be numbered by its values
 DEPTH = 150  # definitions followed upstream from one query
+RESUMED_QUERIES = 4  # budgets a followed value may take, each resuming from the last
 
 
 @dataclass(frozen=True)
@@ -73,26 +78,38 @@ class Origins:
                  const_shape: Callable[[str], Shape | None], replicas: dict[str, str],
                  pieces: dict[str, list[HeldPiece]] | None = None,
                  const_value: Callable[[str], torch.Tensor | None] = lambda key: None,
-                 polynomials: Polynomials | None = None, expand_products: bool = True) -> None:
+                 polynomials: Polynomials | None = None, products: Products = "expanded") -> None:
         self._definition, self._shape_of, self._const_shape = definition, shape_of, const_shape
         self._const_value = const_value
         self._replicas = replicas  # a replica's name -> the name of the tensor it copies
         self._pieces = pieces or {}  # a rank input's name -> the reference pieces it holds
         self._ids: dict[str, torch.Tensor | None] = {}
         self._poly = polynomials or Polynomials()  # (shared: its ids are exact everywhere)
-        self._expand_products = expand_products  # a matmul's element as a sum of products
+        self.products = products
         self._row_ids: dict[int, tuple[int, ...]] = {}  # a row's id -> its elements' ids
         self._computed: dict[App, torch.Tensor] = {}  # an op's term -> its ids
         self._spent = 0
         self._depth = 0
+        self._over_budget = False  # this query's work ran past its limit somewhere
         self.held = 0  # elements whose ids are kept (its memory)
 
     def new_query(self) -> Origins:
         """Restart the per-query budgets (ids numbered so far are kept: they stay exact)."""
         self._spent = 0
+        self._over_budget = False
         self._poly.work = 0
         self._poly.limit = WORK_LIMIT
         return self
+
+    def of_resumed(self, term: Term, queries: int = RESUMED_QUERIES) -> torch.Tensor | None:
+        """`of(term)`, numbered over up to `queries` queries' budgets while one runs out: each
+        resumes from the ops the last one numbered (a value deep in a large program)."""
+        ids = self.of(term)
+        for _ in range(queries - 1):
+            if ids is not None or not self._over_budget:
+                break
+            ids = self.new_query().of(term)
+        return ids
 
     def of(self, term: Term) -> torch.Tensor | None:
         """The ids of `term`'s elements, or None (an op numbered by no rule, or too large)."""
@@ -108,8 +125,8 @@ class Origins:
         ids = self._computed.get(term)
         if ids is None:
             ids = self._computed_ids(term)
-            if ids is not None:  # (not past a budget: a later query may number it)
-                self._computed[term] = ids
+            if ids is not None and not self._over_budget:  # (past a budget its operands may
+                self._computed[term] = ids                 # be fresh: a later query numbers it)
                 self.held += ids.numel()
         return ids
 
@@ -128,6 +145,7 @@ class Origins:
         except (ValueError, RuntimeError):  # ill-shaped: no numbering, not an error
             return None
         except OverBudget:
+            self._over_budget = True
             return None
         if ids is not None:
             self._spent += ids.numel()
@@ -223,9 +241,15 @@ class Origins:
             return None
         rows = self._rows(a).unsqueeze(-1).expand(*a.shape[:-1], b.shape[-1])
         columns = self._rows(b.transpose(-1, -2)).unsqueeze(-2).expand(rows.shape)
-        if a.shape[-1] > DOT_LIMIT or not self._expand_products:
+        if a.shape[-1] > DOT_LIMIT or self.products == "opaque":
             return self._numbered(("matmul",), [rows, columns])
+        if self.products == "unexpanded":
+            return self._per_element(self._unexpanded_dot, [rows, columns])
         return self._per_element(self._dot, [rows, columns])
+
+    def _unexpanded_dot(self, pair: tuple[int, ...]) -> int:
+        """A matmul element as the sum of its products, each left unexpanded."""
+        return self._poly.unexpanded_dot(self._row_ids[pair[0]], self._row_ids[pair[1]])
 
     def _dot(self, pair: tuple[int, ...]) -> int:
         """A matmul element: the polynomial sum of the row's and column's products while it is
@@ -289,6 +313,9 @@ class Origins:
                     ids = self.of(definition)
                 finally:
                     self._depth -= 1
+            if self._over_budget:  # not kept: a later query, with a budget of its own, numbers it
+                del self._ids[name]
+                return ids if ids is not None else self._fresh(self._shape_of(name))
             self._ids[name] = ids if ids is not None else self._fresh(self._shape_of(name))
             self.held += 0 if self._ids[name] is None else self._ids[name].numel()
         return self._ids[name]
@@ -322,7 +349,7 @@ def follow_elements(value: str, candidates: list[Node], origins: Origins,
     """A movement term over `candidates` (rank tensors) equal to the term `value`, or None when
     some element of `value` is held by none of them. Of tensors holding as many of its elements,
     the earliest is taken, or with `latest` the last the ranks computed (their final layout)."""
-    ids = origins.of(parse(value))
+    ids = origins.of_resumed(parse(value))
     if ids is None or ids.numel() == 0:
         return None
     wanted = set(ids.reshape(-1).tolist())

@@ -22,7 +22,7 @@ import torch
 from ..errors import ShapeError
 from ..ir.distributed import COLLECTIVES, DistributedGraph, constant_terms, constant_values
 from ..ir.graph import Graph, Node, SourceLoc
-from ..ir.ops import MOVEMENT, OPS, RANDOM
+from ..ir.ops import MATMUL, MOVEMENT, OPS, RANDOM
 from ..ir.scaling import scalar_factor
 from ..placements import Custom, Placement, Replicate, Stage
 from ..report.model import Discrepancy
@@ -31,7 +31,8 @@ from ..rules.terms import (App, Term, is_relational, leaves, op_key, parse, read
                            render, reshape_count, shape_facts)
 from .constants import ConstantOrigins
 from .congruence import broadcast_term, rank_concat_relation, replicated_twins
-from .elements import HeldPiece, Origins, follow_elements, numbered_definition, replicas_of
+from .elements import (HeldPiece, Origins, Products, follow_elements, numbered_definition,
+                       replicas_of)
 from .polynomials import Polynomials
 from .custom import custom_output_terms, custom_relation, family_custom_relation, rank_name
 from .encode import encode
@@ -153,7 +154,7 @@ class Verifier:
         self.constants = ConstantOrigins()
         self.constants.add(dist.graph, self.dist_const, dist_values)
         self.constants.add(ref, self.ref_const, ref_values)
-        self._numbering: tuple[tuple, Origins] | None = None  # (its replicas, the numbering)
+        self._numbering: dict[Products, tuple[tuple, Origins]] = {}  # (its replicas, numbering)
         self._polynomials = Polynomials()
         self.dist_opaque = opaque_dependents(dist.graph)  # rank values nothing is known about
         rank_regions = {n.name: region_of(n.source.module) for n in dist.graph}
@@ -480,7 +481,8 @@ class Verifier:
         """The relation to the windows' rank tensors that hold the elements `node` computes,
         numbered by how they were computed (elements.py); replicas any relation names count as
         the tensors they copy; `latest`: of tensors holding as many elements, the last computed;
-        `anywhere`: failing those, any tensor of a program small enough to search whole."""
+        `anywhere`: failing those, any tensor of a program small enough to search whole. A
+        contraction the ranks may split and sum is numbered by its products at last."""
         if self.dist.symbolic:
             return None
         value = encode(node, [r.term for r in inputs], [self.ref[i].shape for i in node.inputs])
@@ -489,6 +491,10 @@ class Verifier:
         term = follow_elements(value, candidates, origins, self.dist.order, latest)
         if term is None and anywhere and self._whole_program_numbered:  # computed elsewhere
             term = follow_elements(value, list(self.dist.graph), origins, self.dist.order)
+        if term is None and origins.products == "opaque" and _sums_split_contraction(
+                node, candidates):
+            term = follow_elements(value, candidates, self._origins(relations, "unexpanded"),
+                                   self.dist.order, latest)
         if term is None:
             return None
         return Relation(term, (), _inherited(inputs, set(leaves(parse(term)))))
@@ -500,22 +506,26 @@ class Verifier:
         recomputes a partial sum instead of reading the forward's)."""
         return sum(prod(node.shape) for node in self.dist.graph) <= WHOLE_PROGRAM_ELEMENTS
 
-    def _origins(self, relations: dict[str, Relation | None]) -> Origins:
+    def _origins(self, relations: dict[str, Relation | None], products: Products | None = None
+                 ) -> Origins:
         """Element numbering of rank tensors, copies the relations name counted as their
-        sources; kept while no relation names a new copy."""
+        sources; kept while no relation names a new copy. Matmuls are numbered as `products`
+        says, by default by their products when the ranks' programs are small, else opaquely."""
+        if products is None:
+            products = "expanded" if self._whole_program_numbered else "opaque"
         replicas = replicas_of([r for r in relations.values() if r is not None])
         key = tuple(sorted(replicas.items()))
         if self._polynomials.stored > NUMBERING_TERMS:  # start a new table (its ids stay exact)
-            self._polynomials, self._numbering = Polynomials(), None
-        if self._numbering is None or self._numbering[0] != key or \
-                self._numbering[1].held > NUMBERING_TERMS:
-            self._numbering = key, Origins(
+            self._polynomials, self._numbering = Polynomials(), {}
+        kept = self._numbering.get(products)
+        if kept is None or kept[0] != key or kept[1].held > NUMBERING_TERMS:
+            kept = self._numbering[products] = key, Origins(
                 lambda name: numbered_definition(self._definition(name),
                                                  OPS[self.dist.graph[name].op].trait != RANDOM),
                 lambda name: self.dist.graph[name].shape, self.constants.shapes.get,
                 replicas, self._held_pieces, self.constants.values.get, self._polynomials,
-                expand_products=self._whole_program_numbered)
-        return self._numbering[1].new_query()
+                products)
+        return kept[1].new_query()
 
     @cached_property
     def _held_pieces(self) -> dict[str, list[HeldPiece]]:
@@ -1070,6 +1080,14 @@ class Verifier:
                 if loc.file and loc not in lines and len(lines) < limit:
                     lines.append(loc)
         return lines
+
+
+def _sums_split_contraction(node: Node, candidates: list[Node]) -> bool:
+    """Whether the ranks may compute `node`, a contraction, as parts summed over ranks (a
+    reduction among `candidates`): then only matmul elements numbered as their unexpanded
+    products (costly in a large program, so tried last) give the parts' sum the whole's ids."""
+    return OPS[node.op].trait == MATMUL and any(
+        c.op in ("all_reduce", "reduce_scatter") for c in candidates)
 
 
 def _inherited(inputs: list[Relation], mentioned: set[str]) -> tuple[tuple[str, str], ...]:

@@ -218,3 +218,38 @@ def test_masked_scores_are_read_from_the_filled_tensors_not_the_scores_before():
     assert term is not None and "/s" not in term
     scores = {f"r{rank}/m": torch.randn(2, 4, 4).masked_fill(mask, float("-inf")) for rank in (0, 1)}
     assert torch.equal(evaluate(parse(term), scores), torch.cat([scores["r0/m"], scores["r1/m"]]))
+
+
+def test_a_value_past_one_querys_budget_is_numbered_over_the_next(monkeypatch):
+    """Two products in a row, each within the work one query may do but not both: the second
+    query resumes from the first product and numbers the value; nothing past the budget is kept
+    as if computed."""
+    from scalify.verify import elements
+
+    monkeypatch.setattr(elements, "WORK_LIMIT", 100)
+    value = parse('(matmul (matmul (dist "r0/a") (dist "r0/b") 2) (dist "r0/b") 2)')
+    fresh = lambda: Origins(lambda name: None, lambda name: (4, 4), lambda key: None, {},
+                            products="unexpanded").new_query()
+    assert fresh().of(value) is None
+    resumed = fresh().of_resumed(value)
+    assert resumed is not None and resumed.unique().numel() == 16
+
+
+def test_a_contraction_split_over_ranks_sums_to_the_whole_when_products_are_kept():
+    """A row-parallel projection in a large program: numbered by its unexpanded products, the
+    ranks' partial products summed get the reference product's ids; numbered opaquely (the
+    cheap default there), they do not."""
+    definitions = {f"r{rank}/c": f'(matmul (dist "r{rank}/a") (dist "r{rank}/b") 2)' for rank in (0, 1)}
+    shapes = {"r0/a": (3, 2), "r1/a": (3, 2), "r0/b": (2, 5), "r1/b": (2, 5)}
+    whole = parse('(matmul (concat (dist "r0/a") (dist "r1/a") 1 2 2) '
+                  '(concat (dist "r0/b") (dist "r1/b") 0 2 2) 2)')
+    summed = parse('(psum (dist "r0/c") (dist "r1/c"))')
+    numbered = {}
+    for products in ("unexpanded", "opaque"):
+        origins = Origins(lambda name: parse(definitions[name]) if name in definitions else None,
+                          lambda name: shapes.get(name, (3, 5)), lambda key: None, {},
+                          products=products)
+        numbered[products] = origins.of(whole), origins.of(summed), origins.of(parse('(dist "r0/c")'))
+    whole_ids, summed_ids, part_ids = numbered["unexpanded"]
+    assert torch.equal(whole_ids, summed_ids) and not torch.equal(whole_ids, part_ids)
+    assert not torch.equal(*numbered["opaque"][:2])

@@ -8,8 +8,9 @@ computed (value numbering): a rank tensor no rule below reads gets fresh ids, da
 ids, and an op's output element gets one id per op, attributes and the ids it reads (its
 operands' elements for an elementwise op, the row for a softmax or a reduction, the row and
 column for a matmul, or its products: `Products`). Equal ids are equal values. The reference op
-applied to its inputs' relations is numbered the same way; when every id it yields is held by some rank tensor, the
-reference value is those tensors' elements laid out as found (layout.py), an exact relation.
+applied to its inputs' relations is numbered the same way; when every id it yields is held by
+some rank tensor, the reference value is those tensors' elements laid out as found (layout.py),
+an exact relation.
 Replicas the relations name (`Relation.aliases`) count as the tensor they copy, and rank inputs
 laid out in pieces (`Custom` placements) hold the ids of the reference elements each piece
 holds, so pieces several ranks hold (kv heads replicated across tensor-parallel ranks beside

@@ -38,12 +38,15 @@ from .relations import Relation, concat_terms, leaf
 Shape = tuple[int, ...]
 # How a matmul element is numbered: the polynomial sum of its products (a small program), one
 # id per row and column (a large one: cheap), or the sum of its products left unexpanded (a
-# large one whose split contraction, summed over ranks, must get the whole one's id).
+# large one whose split contraction, summed over ranks, must get the whole one's id: only the
+# contractions the value sums or moves, its operands and all else numbered as by `opaque`).
 Products = Literal["expanded", "opaque", "unexpanded"]
 MOVES = frozenset({"concat", "slice", "expand", "unsqueeze", "squeeze", "merge", "split",
                    "transpose"})
 ELEMENTWISE = frozenset({"unary", "binary", "where3", "masked_fill", "psum", "pmax", "cmp_int",
                          "add_int"})
+# Ops through which an "unexpanded" numbering still reaches contractions it leaves unexpanded.
+SUMMED_OR_MOVED = MOVES | {"psum", "reduce", "matmul", "dist"}
 # Ops that place copies of elements where constant indices say (a gather, a scatter that
 # replaces): the positions of their index operands.
 PLACED_BY_INDEX = {"index": lambda n, attrs: range(1, n),
@@ -79,14 +82,19 @@ class Origins:
                  const_shape: Callable[[str], Shape | None], replicas: dict[str, str],
                  pieces: dict[str, list[HeldPiece]] | None = None,
                  const_value: Callable[[str], torch.Tensor | None] = lambda key: None,
-                 polynomials: Polynomials | None = None, products: Products = "expanded") -> None:
+                 polynomials: Polynomials | None = None, products: Products = "expanded",
+                 below: Origins | None = None) -> None:
+        """`below`: for "unexpanded" products, the "opaque" numbering (whose polynomials it
+        shares) that numbers what the value's own sums and moves do not reach."""
         self._definition, self._shape_of, self._const_shape = definition, shape_of, const_shape
         self._const_value = const_value
         self._replicas = replicas  # a replica's name -> the name of the tensor it copies
         self._pieces = pieces or {}  # a rank input's name -> the reference pieces it holds
         self._ids: dict[str, torch.Tensor | None] = {}
-        self._poly = polynomials or Polynomials()  # (shared: its ids are exact everywhere)
+        # (shared, so its ids are exact everywhere)
+        self._poly = below._poly if below is not None else polynomials or Polynomials()
         self.products = products
+        self.below = below
         self._row_ids: dict[int, tuple[int, ...]] = {}  # a row's id -> its elements' ids
         self._computed: dict[App, torch.Tensor] = {}  # an op's term -> its ids
         self._spent = 0
@@ -100,14 +108,21 @@ class Origins:
         self._over_budget = False
         self._poly.work = 0
         self._poly.limit = WORK_LIMIT
+        if self.below is not None:
+            self.below.new_query()
         return self
+
+    @property
+    def over_budget(self) -> bool:
+        """Whether this query's work ran past its limit somewhere."""
+        return self._over_budget or self.below is not None and self.below.over_budget
 
     def of_resumed(self, term: Term, queries: int = RESUMED_QUERIES) -> torch.Tensor | None:
         """`of(term)`, numbered over up to `queries` queries' budgets while one runs out: each
         resumes from the ops the last one numbered (a value deep in a large program)."""
         ids = self.of(term)
         for _ in range(queries - 1):
-            if ids is not None or not self._over_budget:
+            if ids is not None or not self.over_budget:
                 break
             ids = self.new_query().of(term)
         return ids
@@ -116,6 +131,9 @@ class Origins:
         """The ids of `term`'s elements, or None (an op numbered by no rule, or too large)."""
         if not isinstance(term, App):
             return None
+        if self.below is not None and (term.head not in SUMMED_OR_MOVED or term.head == "reduce"
+                                        and term.args[0] != "sum"):
+            return self.below.of(term)
         if term.head == "dist":
             return self._of_name(self._replicas.get(term.args[0], term.args[0]))
         if term.head == "const":
@@ -126,7 +144,7 @@ class Origins:
         ids = self._computed.get(term)
         if ids is None:
             ids = self._computed_ids(term)
-            if ids is not None and not self._over_budget:  # (past a budget its operands may
+            if ids is not None and not self.over_budget:  # (past a budget its operands may
                 self._computed[term] = ids                 # be fresh: a later query numbers it)
                 self.held += ids.numel()
         return ids
@@ -135,7 +153,8 @@ class Origins:
         placed = self._placed_by_index(term)
         if placed is not None:
             return placed
-        operands = [self.of(a) if isinstance(a, App) else a for a in term.args]
+        number = self.below.of if self.below is not None and term.head == "matmul" else self.of
+        operands = [number(a) if isinstance(a, App) else a for a in term.args]
         if any(o is None for o in operands):
             return None
         tensors = [o for o in operands if isinstance(o, torch.Tensor)]
@@ -314,7 +333,7 @@ class Origins:
                     ids = self.of(definition)
                 finally:
                     self._depth -= 1
-            if self._over_budget:  # not kept: a later query, with a budget of its own, numbers it
+            if self.over_budget:  # not kept: a later query, with a budget of its own, numbers it
                 del self._ids[name]
                 return ids if ids is not None else self._fresh(self._shape_of(name))
             self._ids[name] = ids if ids is not None else self._fresh(self._shape_of(name))

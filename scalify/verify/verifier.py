@@ -510,21 +510,24 @@ class Verifier:
                  ) -> Origins:
         """Element numbering of rank tensors, copies the relations name counted as their
         sources; kept while no relation names a new copy. Matmuls are numbered as `products`
-        says, by default by their products when the ranks' programs are small, else opaquely."""
+        says, by default by their products when the ranks' programs are small, else opaquely
+        (and "unexpanded" numbers all but the value's own contractions by the opaque numbering)."""
         if products is None:
             products = "expanded" if self._whole_program_numbered else "opaque"
-        replicas = replicas_of([r for r in relations.values() if r is not None])
-        key = tuple(sorted(replicas.items()))
         if self._polynomials.stored > NUMBERING_TERMS:  # start a new table (its ids stay exact)
             self._polynomials, self._numbering = Polynomials(), {}
+        below = self._origins(relations, "opaque") if products == "unexpanded" else None
+        replicas = replicas_of([r for r in relations.values() if r is not None])
+        key = tuple(sorted(replicas.items()))
         kept = self._numbering.get(products)
-        if kept is None or kept[0] != key or kept[1].held > NUMBERING_TERMS:
+        if (kept is None or kept[0] != key or kept[1].held > NUMBERING_TERMS
+                or kept[1].below is not below):
             kept = self._numbering[products] = key, Origins(
                 lambda name: numbered_definition(self._definition(name),
                                                  OPS[self.dist.graph[name].op].trait != RANDOM),
                 lambda name: self.dist.graph[name].shape, self.constants.shapes.get,
                 replicas, self._held_pieces, self.constants.values.get, self._polynomials,
-                products)
+                products, below)
         return kept[1].new_query()
 
     @cached_property

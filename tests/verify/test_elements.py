@@ -236,19 +236,24 @@ def test_a_value_past_one_querys_budget_is_numbered_over_the_next(monkeypatch):
 
 
 def test_a_contraction_split_over_ranks_sums_to_the_whole_when_products_are_kept():
-    """A row-parallel projection in a large program: numbered by its unexpanded products, the
-    ranks' partial products summed get the reference product's ids; numbered opaquely (the
-    cheap default there), they do not."""
+    """A row-parallel projection in a large program, of activations that are contractions
+    themselves: numbered by its unexpanded products (its operands as the opaque numbering
+    numbers them), the ranks' partial products summed get the reference product's ids;
+    numbered opaquely (the cheap default there), they do not."""
     definitions = {f"r{rank}/c": f'(matmul (dist "r{rank}/a") (dist "r{rank}/b") 2)' for rank in (0, 1)}
-    shapes = {"r0/a": (3, 2), "r1/a": (3, 2), "r0/b": (2, 5), "r1/b": (2, 5)}
+    definitions |= {f"r{rank}/a": f'(matmul (dist "x") (dist "r{rank}/w") 2)' for rank in (0, 1)}
+    shapes = {"r0/a": (3, 2), "r1/a": (3, 2), "r0/b": (2, 5), "r1/b": (2, 5), "x": (3, 4),
+              "r0/w": (4, 2), "r1/w": (4, 2)}
     whole = parse('(matmul (concat (dist "r0/a") (dist "r1/a") 1 2 2) '
                   '(concat (dist "r0/b") (dist "r1/b") 0 2 2) 2)')
     summed = parse('(psum (dist "r0/c") (dist "r1/c"))')
     numbered = {}
     for products in ("unexpanded", "opaque"):
-        origins = Origins(lambda name: parse(definitions[name]) if name in definitions else None,
-                          lambda name: shapes.get(name, (3, 5)), lambda key: None, {},
-                          products=products)
+        make = lambda products, below=None: Origins(
+            lambda name: parse(definitions[name]) if name in definitions else None,
+            lambda name: shapes.get(name, (3, 5)), lambda key: None, {}, products=products,
+            below=below)
+        origins = make(products, make("opaque") if products == "unexpanded" else None)
         numbered[products] = origins.of(whole), origins.of(summed), origins.of(parse('(dist "r0/c")'))
     whole_ids, summed_ids, part_ids = numbered["unexpanded"]
     assert torch.equal(whole_ids, summed_ids) and not torch.equal(whole_ids, part_ids)

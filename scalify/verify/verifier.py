@@ -388,6 +388,10 @@ class Verifier:
                                             across=bool(runs))
             narrowest = window if narrowest is None else narrowest
             searched.update(window)
+            if look_through and not self.dist.symbolic:  # what movement carries, numbered by
+                followed = self._follow(node, inputs, searched, relations)  # its elements
+                if followed is not None:  # costs less than saturating the widest window
+                    return self._brought_back(followed, runs, result)
             result.windows += 1
             try:
                 outcome = self.session.saturate(program)

@@ -21,6 +21,7 @@ from .capture.jax_dump import JaxDump, dump_jax
 from .capture.ranks import capture_ranks
 from .capture.sampled_reads import Sample, sample_reads
 from .capture.shard_fn import ShardFn, stated_placements
+from .capture.source_patches import source_patches
 from .capture.tracer import capture
 from .config import Experiment, load_experiment
 from .engine import Executor, InlineExecutor, VerifyJob, executor_for
@@ -354,15 +355,20 @@ def verify(config: str | os.PathLike | dict | Experiment, *, numeric: bool | Non
             experiment, numeric=experiment.verify.numeric if numeric is None else numeric,
             progress=progress, executor=executor or executor_for(experiment.engine))
         return _finish(report, experiment)
-    programs = programs_for(experiment)
-    report = verify_modules(
-        programs.reference, programs.rank, experiment.world_size(), programs.inputs,
-        programs.placements, programs.input_placements, output_placements=programs.outputs,
-        numeric=experiment.verify.numeric if numeric is None else numeric, name=experiment.name,
-        progress=progress, capture_workers=os.cpu_count() or 1,
-        options=experiment_options(experiment, programs.fused_ops),
-        executor=executor or executor_for(experiment.engine), grad=programs.grad,
-        shard_fn=programs.shard_fn)
+    with source_patches([Path(diff) for diff in experiment.plan.patches]) as patched:
+        programs = programs_for(experiment)
+        report = verify_modules(
+            programs.reference, programs.rank, experiment.world_size(), programs.inputs,
+            programs.placements, programs.input_placements, output_placements=programs.outputs,
+            numeric=experiment.verify.numeric if numeric is None else numeric,
+            name=experiment.name, progress=progress, capture_workers=os.cpu_count() or 1,
+            options=experiment_options(experiment, programs.fused_ops),
+            executor=executor or executor_for(experiment.engine), grad=programs.grad,
+            shard_fn=programs.shard_fn)
+    if patched:
+        report.stats["patched"] = {
+            m.name: f"{m.copy} (lines {', '.join(map(str, m.changed_lines))} added)"
+            for m in patched}
     return _finish(report, experiment)
 
 

@@ -54,7 +54,9 @@ class PlanSpec:
     rank's attention merges the ranks' key blocks by log-sum-exp; `context_load_balance` cuts
     the sequence into twice as many chunks and gives rank r chunks r and 2N-1-r (causal balance).
     Style "megatron_core" runs Megatron-Core's own GPTModel, as `megatron_core` (Megatron's
-    field names) states it, against the HuggingFace llama.
+    field names) states it, against the HuggingFace llama. `patches`: unified diffs against
+    installed packages (a framework's fix to check, or a fault to plant), applied to their
+    source while the programs are captured.
     """
 
     style: str = "megatron"
@@ -74,6 +76,7 @@ class PlanSpec:
     context_parallel: int = 1
     context_load_balance: bool = False
     megatron_core: MegatronCorePlan | None = None
+    patches: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -476,12 +479,20 @@ def _check_tensor_parallel(hardware: HardwareSpec, degree: int, at: _Where) -> N
                        f"{', '.join(map(str, allowed))})")
 
 
-def _hlo_file(value: Any, where: _Where, root: Path) -> str:
+def _repo_file(value: Any, where: _Where, root: Path, what: str) -> str:
     path = root / _text(value, where)
     if not path.is_file():
-        raise where.error(f"no such HLO file {_display(path)!r} (paths are relative to the "
+        raise where.error(f"no such {what} {_display(path)!r} (paths are relative to the "
                           f"repository, {root.resolve()})")
     return str(path.resolve())
+
+
+def _patch_files(value: Any, where: _Where, root: Path) -> tuple[str, ...]:
+    """plan.patches: unified diff files, relative to the repository."""
+    if not isinstance(value, list):
+        raise where.error(f"expected a list of unified diff files, got {_show(value)}")
+    return tuple(_repo_file(item, where.child(i), root, "patch file")
+                 for i, item in enumerate(value))
 
 
 def _output_placements(value: Any, where: _Where) -> tuple[Placement, ...]:
@@ -521,8 +532,8 @@ def _hlo_spec(fields: Located, where: _Where, root: Path) -> HloSpec:
                           "or a torch_neuronx builder")
     checks: dict[str, Checker] = {
         "world_size": _positive_int, "jax": _function_path, "torch_neuronx": _torch_neuronx,
-        "outputs": _output_placements, "reference": lambda v, w: _hlo_file(v, w, root),
-        "distributed": lambda v, w: _hlo_file(v, w, root)}
+        "outputs": _output_placements, "reference": lambda v, w: _repo_file(v, w, root, "HLO file"),
+        "distributed": lambda v, w: _repo_file(v, w, root, "HLO file")}
     return HloSpec(**{key: checks[key](value, at) for key, (value, at) in fields.items()})
 
 
@@ -545,6 +556,7 @@ _SCHEMAS: dict[type, dict[str, Checker]] = {
         "context_parallel": _positive_int,
         "context_load_balance": _boolean,
         "megatron_core": _plan_section(parse_megatron_core),
+        "patches": lambda value, where: value,  # (checked with the repository at hand)
     },
     HardwareSpec: {"name": _text, "target": _choice(*HARDWARE_TARGETS), "devices": _positive_int,
                    "cores_per_node": _positive_int},
@@ -693,7 +705,12 @@ def load_experiment(source: str | os.PathLike | dict) -> Experiment:
                                   "(their outputs)")
         return Experiment(model=None, plan=None, hlo=hlo, **common)
     model = _model_spec(*sections["model"], overrides["model"])
-    plan = _build(PlanSpec, *sections["plan"])
+    plan_fields, plan_where = sections["plan"]
+    patches = plan_fields.pop("patches", None)  # (files relative to the repository)
+    plan = _build(PlanSpec, plan_fields, plan_where)
+    if patches is not None:
+        plan = dataclasses.replace(plan, patches=_patch_files(
+            *patches, origin.configs_dirs[0].parent))
     _check_plan_style(plan, *sections["plan"])
     world = _plan_world_size(plan)
     if plan.style == "megatron_core" and model.family != "llama":
@@ -711,7 +728,6 @@ def load_experiment(source: str | os.PathLike | dict) -> Experiment:
         raise sections["plan"][0]["fused"][1].error(
             f"fused layouts exist for llama, not {model.family!r}")
     _check_devices(hardware, world, sections["hardware"][0], "the plan", f" {_degrees(plan)}")
-    plan_fields, plan_where = sections["plan"]
     if plan.megatron_core is not None:
         degree = plan.megatron_core.tensor_model_parallel_size
         degree_at = plan_where.child("megatron_core").child("tensor_model_parallel_size")

@@ -182,6 +182,14 @@ X = "configs/experiments/x.yaml"
             "hardware: gpu-2\n",
             f"{X}: plan.megatron_core: only used with style megatron_core, not 'megatron'",
         ),
+        (
+            "model: llama-tiny\nplan: {tensor_parallel: 2, patches: [fix.diff]}\nhardware: gpu-2\n",
+            f"{X}: plan.patches.0: no such patch file 'fix.diff' (paths are relative to the repository",
+        ),
+        (
+            "model: llama-tiny\nplan: {tensor_parallel: 2, patches: fix.diff}\nhardware: gpu-2\n",
+            f"{X}: plan.patches: expected a list of unified diff files, got 'fix.diff'",
+        ),
         (MINIMAL + "inputs: {batch: true}\n", f"{X}: inputs.batch: expected a positive integer, got True"),
         (MINIMAL + "inputs: {seq: 0}\n", f"{X}: inputs.seq: expected a positive integer, got 0"),
         (MINIMAL + "verify: {numeric: 1}\n", f"{X}: verify.numeric: expected true or false, got 1"),
@@ -226,7 +234,7 @@ X = "configs/experiments/x.yaml"
             f"{X}: overrides.plan.tp: unknown key (expected one of: context_load_balance, "
             "context_parallel, data_parallel, dtensor_plan, "
             "expert_dispatch, expert_parallel, fused, logits, megatron_core, micro_batches, "
-            "pipeline_parallel, "
+            "patches, pipeline_parallel, "
             "planted_bug, sequence_parallel, shard_fn, style, tensor_parallel, zero_stage)",
         ),
         (

@@ -45,6 +45,9 @@ MOVES = frozenset({"concat", "slice", "expand", "unsqueeze", "squeeze", "merge",
                    "transpose"})
 ELEMENTWISE = frozenset({"unary", "binary", "where3", "masked_fill", "psum", "pmax", "cmp_int",
                          "add_int"})
+# Reductions numbered by the algebra (a sum as a polynomial, a max as the set it is taken of), so
+# a reduction the ranks split and combine gets the whole one's ids: function -> Polynomials method.
+_ALGEBRAIC_REDUCTIONS = {"sum": "sum_of", "amax": "maximum"}
 # Ops through which an "unexpanded" numbering still reaches contractions it leaves unexpanded.
 SUMMED_OR_MOVED = MOVES | {"psum", "reduce", "matmul", "dist"}
 # Ops that place copies of elements where constant indices say (a gather, a scatter that
@@ -188,10 +191,10 @@ class Origins:
         if head in ("softmax", "reduce"):
             function, x, dim = operands
             rows = self._rows(x.movedim(dim, -1))
-            if head == "reduce" and function == "sum":
-                sums = self._per_row(lambda row: self._poly.linear((1, v) for v in row),
-                                     x.movedim(dim, -1))
-                return sums.unsqueeze(-1).movedim(-1, dim)
+            if head == "reduce" and function in _ALGEBRAIC_REDUCTIONS:
+                combine = getattr(self._poly, _ALGEBRAIC_REDUCTIONS[function])
+                reduced = self._per_row(combine, x.movedim(dim, -1))
+                return reduced.unsqueeze(-1).movedim(-1, dim)
             if head == "reduce":  # (the reduced dim kept, of size 1)
                 return self._numbered((head, function), [rows]).unsqueeze(-1).movedim(-1, dim)
             places = torch.arange(x.shape[dim]).expand(x.movedim(dim, -1).shape)

@@ -49,6 +49,7 @@ class Polynomials:
         self._nonnegative: set[int] = set()  # squares and positive sums of them
         self._products: dict[tuple[int, int], int] = {}
         self._normal_forms: dict[int, tuple[Number, int]] = {}  # a value -> `_normalized` of it
+        self._max_of: dict[int, frozenset[int]] = {}  # the largest of several values -> them
         self._next = 0
         self.work = 0
         self.limit = 1 << 62  # work past which numbering stops (`OverBudget`)
@@ -160,10 +161,31 @@ class Polynomials:
             raise OverBudget
         return self.of_terms(total)
 
+    def sum_of(self, values: Iterable[int]) -> int:
+        """The id of the sum of `values`."""
+        return self.linear((1, v) for v in values)
+
+    def maximum(self, values: Iterable[int]) -> int:
+        """The id of the largest of `values`, one per set of values: the largest of values that
+        are themselves largest of others is the largest of all of those (max is idempotent,
+        commutative and associative), so a maximum split over ranks gets the whole one's id."""
+        members: set[int] = set()
+        for value in values:
+            members |= self._max_of.get(value, {value})
+        if len(members) == 1:
+            return next(iter(members))
+        value = self.code(("max", tuple(sorted(members))))
+        if value not in self._max_of:
+            self._max_of[value] = frozenset(members)
+            self.stored += len(members)
+        return value
+
     def elementwise(self, head: str, attrs: tuple, values: tuple[int, ...]) -> int | None:
         """The id of an elementwise op the algebra knows, or None (then the op is an atom)."""
         if head == "psum":
-            return self.linear((1, v) for v in values)
+            return self.sum_of(values)
+        if head == "pmax":
+            return self.maximum(values)
         if head == "unary":
             op, op_attrs = parse_op_key(attrs[0])
             if op == "sqrt" or op == "pow_scalar" and op_attrs.get("value") == 0.5:

@@ -12,6 +12,7 @@ from scalify.models import build_reference, make_hf_config
 from scalify.models.presets import PRESETS
 
 CONFIG = REPO_CONFIGS / "experiments" / "megatron-core-llama-tiny-tp2.yaml"
+PATCHED = REPO_CONFIGS / "experiments" / "megatron-core-bug-head-size-from-rank-share.yaml"
 
 
 @pytest.mark.parametrize("world,kv_heads", [(2, 8), (2, 2), (4, 4)])
@@ -29,10 +30,25 @@ def test_the_name_map_gives_every_rank_parameter_its_shape(world, kv_heads):
         assert {name: t.shape for name, t in mapped.items()} == held
 
 
-@pytest.mark.slow  # about 9 minutes on this machine (the per-rank path, no layer memo)
 def test_gpt_model_at_tp2_verifies_against_the_huggingface_llama():
     import scalify
 
     report = scalify.verify(CONFIG)
     assert report.numeric["agrees"]
     assert report.verdict == "verified", report.discrepancies[:1]
+
+
+def test_a_fault_patched_into_megatron_core_is_caught_in_the_patched_source():
+    """plan.patches: the attention's head size taken from the rank's share of the projection
+    (a softmax scale right only at TP=1), planted by a diff against the installed package; the
+    report blames the patched copy's scores and names its lines that set the scale."""
+    import scalify
+
+    report = scalify.verify(PATCHED)
+    assert report.verdict == "discrepancy" and not report.numeric["agrees"]
+    [(module, patched)] = report.stats["patched"].items()
+    copy = patched.split(" (")[0]
+    assert module == "megatron.core.transformer.dot_product_attention"
+    first = report.discrepancies[0]
+    assert first.dist_source.file == copy
+    assert (copy, 85) in first.lines()  # softmax_scale = 1 / sqrt(the patched head size)

@@ -258,3 +258,16 @@ def test_a_contraction_split_over_ranks_sums_to_the_whole_when_products_are_kept
     whole_ids, summed_ids, part_ids = numbered["unexpanded"]
     assert torch.equal(whole_ids, summed_ids) and not torch.equal(whole_ids, part_ids)
     assert not torch.equal(*numbered["opaque"][:2])
+
+
+def test_a_maximum_split_over_ranks_is_the_whole_maximum():
+    """A vocab-parallel max: each rank's max over its shard, combined by an all-reduce(MAX), gets
+    the ids of the max over the whole row; a max of other elements does not."""
+    shapes = {"r0/a": (3, 4), "r1/a": (3, 4)}
+    definitions = {f"r{rank}/m": f'(reduce "amax" (dist "r{rank}/a") 1)' for rank in (0, 1)}
+    origins = Origins(lambda name: parse(definitions[name]) if name in definitions else None,
+                      lambda name: shapes.get(name, (3, 1)), lambda key: None, {})
+    whole = origins.of(parse('(reduce "amax" (concat (dist "r0/a") (dist "r1/a") 1 4 4) 1)'))
+    combined = origins.of(parse('(pmax (dist "r0/m") (dist "r1/m"))'))
+    assert torch.equal(whole, combined)
+    assert not torch.equal(whole, origins.of(parse('(dist "r0/m")')))

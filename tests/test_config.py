@@ -173,6 +173,11 @@ X = "configs/experiments/x.yaml"
             f"{X}: plan.megatron_core.pipeline_model_parallel_size: not supported yet",
         ),
         (
+            "model: llama-tiny\nplan: {style: megatron_core, megatron_core: "
+            "{tensor_model_parallel_size: 2, sequence_parallel: true}}\nhardware: gpu-2\n",
+            f"{X}: plan.megatron_core.sequence_parallel: not supported by Megatron-Core's local",
+        ),
+        (
             "model: mixtral-tiny\nplan: {style: megatron_core, megatron_core: "
             "{tensor_model_parallel_size: 2}}\nhardware: gpu-2\n",
             f"{X}: plan.style: Megatron-Core's GPTModel is verified against the HuggingFace llama",

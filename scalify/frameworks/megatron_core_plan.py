@@ -43,6 +43,9 @@ def parse_megatron_core(value: Any) -> MegatronCorePlan:
         elif key == "sequence_parallel":
             if not isinstance(item, bool):
                 raise PlanError((key,), f"expected true or false, got {item!r}")
+            if item:  # (WrappedTorchNorm asserts it is off)
+                raise PlanError((key,), "not supported by Megatron-Core's local layer spec (its "
+                                        "torch norms; Apex and Transformer Engine need a GPU)")
             fields[key] = item
         elif key == "transformer_config":
             if not isinstance(item, dict) or not all(isinstance(k, str) for k in item):

@@ -12,6 +12,7 @@ from scalify.models import build_reference, make_hf_config
 from scalify.models.presets import PRESETS
 
 CONFIG = REPO_CONFIGS / "experiments" / "megatron-core-llama-tiny-tp2.yaml"
+GQA_CONFIG = REPO_CONFIGS / "experiments" / "megatron-core-llama-tiny-gqa-tp2.yaml"
 PATCHED = REPO_CONFIGS / "experiments" / "megatron-core-bug-head-size-from-rank-share.yaml"
 
 
@@ -30,10 +31,11 @@ def test_the_name_map_gives_every_rank_parameter_its_shape(world, kv_heads):
         assert {name: t.shape for name, t in mapped.items()} == held
 
 
-def test_gpt_model_at_tp2_verifies_against_the_huggingface_llama():
+@pytest.mark.parametrize("config", [CONFIG, GQA_CONFIG], ids=["8 kv heads", "2 kv heads"])
+def test_gpt_model_at_tp2_verifies_against_the_huggingface_llama(config):
     import scalify
 
-    report = scalify.verify(CONFIG)
+    report = scalify.verify(config)
     assert report.numeric["agrees"]
     assert report.verdict == "verified", report.discrepancies[:1]
 

@@ -13,6 +13,7 @@ from scalify.models.presets import PRESETS
 
 CONFIG = REPO_CONFIGS / "experiments" / "megatron-core-llama-tiny-tp2.yaml"
 GQA_CONFIG = REPO_CONFIGS / "experiments" / "megatron-core-llama-tiny-gqa-tp2.yaml"
+TP4_CONFIG = REPO_CONFIGS / "experiments" / "megatron-core-llama-tiny-tp4.yaml"
 PATCHED = REPO_CONFIGS / "experiments" / "megatron-core-bug-head-size-from-rank-share.yaml"
 
 
@@ -31,8 +32,9 @@ def test_the_name_map_gives_every_rank_parameter_its_shape(world, kv_heads):
         assert {name: t.shape for name, t in mapped.items()} == held
 
 
-@pytest.mark.parametrize("config", [CONFIG, GQA_CONFIG], ids=["8 kv heads", "2 kv heads"])
-def test_gpt_model_at_tp2_verifies_against_the_huggingface_llama(config):
+@pytest.mark.parametrize("config", [CONFIG, GQA_CONFIG, TP4_CONFIG],
+                         ids=["TP2, 8 kv heads", "TP2, 2 kv heads", "TP4"])
+def test_gpt_model_verifies_against_the_huggingface_llama(config):
     import scalify
 
     report = scalify.verify(config)

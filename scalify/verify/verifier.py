@@ -224,6 +224,10 @@ class Verifier:
         if partial.unchecked:
             partial.unknown.append(f"{partial.unchecked} ops in {region or 'the top level'}: not "
                                    "proved, the run's deadline passed first")
+            partial.suspects += [  # runs still open: where the proof parted from the ranks
+                replace(found, hint=f"{found.hint}; the run's deadline passed before a later op "
+                                    "brought this value back to the ranks")
+                for found in partial.deferred.values()]
         partial.relations = {node.name: partial.relations[node.name] for node in nodes}
         partial.memo_hits, partial.memo_misses = session.hits - hits, session.misses - misses
         partial.rule_matches = session.rule_matches - matches

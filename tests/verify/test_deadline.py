@@ -61,3 +61,38 @@ def test_a_budget_in_the_config_sets_the_deadline_from_the_start():
     budgeted = dataclasses.replace(experiment, verify=dataclasses.replace(
         experiment.verify, time_budget_s=90))
     assert 85 < experiment_options(budgeted).deadline - time.time() <= 90
+
+
+class Scaled(torch.nn.Module):
+    def __init__(self, scale: list[float]):
+        super().__init__()
+        self.register_buffer("scale", torch.tensor(scale), persistent=False)  # not a weight
+
+    def forward(self, x):
+        return torch.tanh(x * self.scale + 1.0)
+
+
+def test_a_run_open_when_the_deadline_passed_is_the_discrepancy_when_the_numbers_differ(
+        monkeypatch):
+    """The rank scales by other constants: the mul begins a run of ops the ranks might compute
+    fused, and the deadline passes before a later op ends it; the numbers differ, so the run's
+    first op is reported."""
+    clock = types.SimpleNamespace(time=lambda: 0.0)
+    monkeypatch.setattr(verifier_module, "time", clock)
+    infer = Verifier._infer
+
+    def late(self, node, relations, result):
+        relation = infer(self, node, relations, result)
+        if relation is not None and relation.pending is not None:
+            clock.time = lambda: 100.0  # the deadline passes once a run is open
+        return relation
+
+    monkeypatch.setattr(Verifier, "_infer", late)
+    report = scalify.verify_modules(
+        reference=Scaled([1.0, 2.0, 3.0, 4.0]),
+        rank_module_factory=lambda rank: Scaled([4.0, 3.0, 2.0, 1.0]),
+        world_size=WORLD, example_inputs={"x": torch.randn(2, 4)},
+        output_placements=[scalify.Replicate()], numeric=True,
+        options=VerifyOptions(deadline=10.0))
+    assert report.verdict == "discrepancy" and report.discrepancies[0].ref_op == "mul"
+    assert "deadline passed before a later op" in report.discrepancies[0].hint

@@ -364,7 +364,7 @@ def verify(config: str | os.PathLike | dict | Experiment, *, numeric: bool | Non
             name=experiment.name, progress=progress, capture_workers=os.cpu_count() or 1,
             options=experiment_options(experiment, programs.fused_ops),
             executor=executor or executor_for(experiment.engine), grad=programs.grad,
-            shard_fn=programs.shard_fn)
+            shard_fn=programs.shard_fn, assume=programs.assume)
     if patched:
         report.stats["patched"] = {
             m.name: f"{m.copy} (lines {', '.join(map(str, m.changed_lines))} added)"

@@ -30,6 +30,8 @@ class Programs:
     # Reference ops in a row the ranks may compute fused, never holding their values (the
     # softmax of attention merged over key blocks, a vocab-parallel loss's softmax gradient).
     fused_ops: int = 0
+    # Integer inputs' ranges the proof may assume (token ids within the vocabulary).
+    assume: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 def programs_for(experiment: Experiment) -> Programs:
@@ -81,19 +83,23 @@ def _dtensor(experiment: Experiment, hf_config, reference_step: Step,
 
 def _megatron_core(experiment: Experiment, hf_config, reference: nn.Module,
                    inputs: dict[str, torch.Tensor]) -> Programs:
-    """Megatron-Core's GPTModel on every rank against the HuggingFace llama (forward)."""
+    """Megatron-Core's GPTModel on every rank against the HuggingFace llama: the logits, or
+    with `verify.loss` the mean loss over the next tokens (Megatron's vocab-parallel cross
+    entropy against the reference's), for token ids within the vocabulary."""
     from .frameworks.megatron_core import hf_to_megatron, rank_model, reference_step
 
-    if experiment.verify.backward or experiment.verify.loss:
-        raise ConfigError("verify.backward and verify.loss are not supported for style "
-                          "megatron_core yet: verify the forward (the logits)")
+    loss = experiment.verify.loss
+    if experiment.verify.backward:
+        raise ConfigError("verify.backward is not supported for style megatron_core yet: verify "
+                          "the forward (the logits) or the loss (verify.loss)")
     if hf_config.tie_word_embeddings:
         raise ConfigError("model.tie_word_embeddings: Megatron-Core's shared output layer is not "
                           "mapped yet; use untied embeddings")
-    return Programs(reference_step(reference, hf_config),
-                    rank_model(hf_config, experiment.plan.megatron_core),
+    return Programs(reference_step(reference, hf_config, loss),
+                    rank_model(hf_config, experiment.plan.megatron_core, loss),
                     {"input_ids": inputs["input_ids"]}, {}, [Replicate()],
-                    shard_fn=hf_to_megatron(hf_config))
+                    shard_fn=hf_to_megatron(hf_config), fused_ops=3 if loss else 0,
+                    assume={"input_ids": (0, hf_config.vocab_size - 1)} if loss else {})
 
 
 def _tensor_parallel(experiment: Experiment, hf_config, reference_step: Step,

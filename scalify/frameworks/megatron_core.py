@@ -54,8 +54,11 @@ def transformer_config(hf_config: Any, plan: MegatronCorePlan) -> Any:
     return TransformerConfig(**fields)
 
 
-def rank_model(hf_config: Any, plan: MegatronCorePlan) -> Callable[[int], nn.Module]:
-    """Rank `rank`'s GPTModel with its parallel state set up, as a module returning logits."""
+def rank_model(hf_config: Any, plan: MegatronCorePlan, loss: bool = False
+               ) -> Callable[[int], nn.Module]:
+    """Rank `rank`'s GPTModel with its parallel state set up, as a module returning its logits
+    gathered, or with `loss` its mean loss over the next tokens from its vocab-parallel logits
+    (the way Megatron's pretraining scripts call it)."""
     def build(rank: int) -> nn.Module:
         from megatron.core import parallel_state, tensor_parallel
         from megatron.core.models.gpt import GPTModel
@@ -73,28 +76,52 @@ def rank_model(hf_config: Any, plan: MegatronCorePlan) -> Callable[[int], nn.Mod
                              max_sequence_length=MAX_SEQUENCE_LENGTH,
                              position_embedding_type="rope", rotary_base=int(_rope_theta(hf_config)),
                              share_embeddings_and_output_weights=hf_config.tie_word_embeddings,
-                             parallel_output=False)
-        return Step(model.eval(), _logits)
+                             parallel_output=loss)
+        return Step(model.eval(), _loss if loss else _logits)
     return build
 
 
 def _logits(model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
     """GPTModel's logits `[b, s, vocab]` (its own causal mask: `attention_mask=None`)."""
+    return model(**_gpt_inputs(inputs))
+
+
+def _loss(model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """GPTModel's per-token losses on the next tokens as labels (Megatron's data loaders shift
+    them so), averaged over every position but the last (whose label wraps around)."""
+    per_token = model(**_gpt_inputs(inputs), labels=next_tokens(inputs["input_ids"]))
+    return per_token[:, :-1].mean()
+
+
+def _gpt_inputs(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor | None]:
     ids = inputs["input_ids"]
     positions = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
-    return model(input_ids=ids, position_ids=positions, attention_mask=None)
+    return {"input_ids": ids, "position_ids": positions, "attention_mask": None}
 
 
-def reference_step(reference: nn.Module, hf_config: Any) -> Step:
-    """The HuggingFace model's logits on `input_ids`, causal with no padding as GPTModel is;
-    its rotary table rebuilt on the CPU, a constant as Megatron's is."""
+def next_tokens(ids: torch.Tensor) -> torch.Tensor:
+    """Each position's next token (the last position's wraps around to the first token)."""
+    return torch.cat([ids[:, 1:], ids[:, :1]], dim=1)
+
+
+def reference_step(reference: nn.Module, hf_config: Any, loss: bool = False) -> Step:
+    """The HuggingFace model's logits on `input_ids`, causal with no padding as GPTModel is, or
+    with `loss` its cross entropy on the next tokens averaged as the ranks' (`_loss`; HF's own
+    loss reads its token count into Python, which a capture on meta tensors cannot); its rotary
+    table rebuilt on the CPU, a constant as Megatron's is."""
     rotary = reference.model.rotary_emb
     reference.model.rotary_emb = type(rotary)(config=hf_config)
 
-    def run(model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    def logits(model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         ids = inputs["input_ids"]
         return model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
-    return Step(reference, run)
+
+    def mean_loss(model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        ids = inputs["input_ids"]
+        per_token = F.cross_entropy(logits(model, inputs).flatten(0, 1),
+                                    next_tokens(ids).flatten(), reduction="none")
+        return per_token.view(ids.shape)[:, :-1].mean()
+    return Step(reference, mean_loss if loss else logits)
 
 
 def hf_to_megatron(hf_config: Any) -> Callable[[dict, int, int], dict]:

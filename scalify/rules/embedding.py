@@ -1,7 +1,10 @@
-"""Embedding lookups over a vocab-sharded table, and the masked-lookup idiom of vocab parallelism.
+"""Embedding lookups over a vocab-sharded table, and the masked-lookup idiom of vocab parallelism;
+likewise a loss's pick of the target's logit among a rank's classes.
 
 `embed_range(w, ids, s)` is the lookup of `ids` in rows [s, s + rows(w)) of a larger table,
-zero outside that range. Reference ids are assumed to lie in [0, vocab).
+zero outside that range; `take_range(x, t, s, k)` is the pick of class `t` among the classes
+[s, s + n) of a larger class dim that x's last dim `k` holds, zero outside. Reference ids and
+targets are assumed to lie in [0, vocab).
 """
 from __future__ import annotations
 
@@ -71,6 +74,22 @@ def _short_range(gen, choice):
     return env
 
 
+MASKED_PICK = '(masked_fill (take x (masked_fill (add_int t o) m "0") k) m "0.0")'
+
+
+def _classes(gen, choice):
+    """Logits of 2 x 5 tokens over 3 + 4 classes, targets over all 7."""
+    return {"a": tensor(gen, 2, 5, 3), "b": tensor(gen, 2, 5, 4), "na": 3, "nb": 4, "k": 2,
+            "s": 0, "t": torch.randint(0, 7, (2, 5), generator=gen)}
+
+
+def _masked_pick(gen, choice):
+    """A rank's 4 classes from class 3 on, targets over 10 classes."""
+    t, s = torch.randint(0, 10, (2, 5), generator=gen), 3
+    return {"x": tensor(gen, 2, 5, 4), "t": t, "s": s, "e": s + 4, "o": -s, "k": 2,
+            "m": (t < s) | (t >= s + 4)}
+
+
 GRAD_LOOKUP = ('(embedding_grad (masked_fill g (expand (unsqueeze m k) k h) "0.0") '
                '(masked_fill (add_int ids o) m "0") n)')
 
@@ -116,6 +135,21 @@ def rules() -> list[Rule]:
         Rule("masked-lookup", MASKED_LOOKUP, "(embed_range w ids s)", _masked,
              when=('(= m (binary "bitwise_or" (cmp_int "lt" ids s) (cmp_int "ge" ids e)))',
                    "(= o (- 0 s))", "(= e (+ s (dimsize w 0)))")),
+        # A vocab-parallel loss: each rank picks the target's logit among its own classes
+        # (zero elsewhere); the picks over adjacent class ranges sum to the pick over both.
+        Rule("take-as-range", "(take x t k)", "(take_range x t 0 k)",
+             lambda gen, c: {"x": tensor(gen, 2, 5, 4), "k": 2,
+                             "t": torch.randint(0, 4, (2, 5), generator=gen)}),
+        Rule("take-range-over-classes", "(take_range (concat a b k na nb) t s k)",
+             "(psum (take_range a t s k) (take_range b t (+ s na) k))", _classes),
+        Rule("pick-range-of-transposed-rows", "(take_range (transpose x d e) t s k)",
+             "(transpose (take_range x (transpose t d e) s k) d e)",
+             lambda gen, c: {"x": tensor(gen, 2, 5, 4), "s": 3, "k": 2, "d": 0, "e": 1,
+                             "t": torch.randint(0, 10, (5, 2), generator=gen)},
+             when=("(< d k)", "(< e k)")),
+        Rule("masked-pick", MASKED_PICK, "(take_range x t s k)", _masked_pick,
+             when=('(= m (binary "bitwise_or" (cmp_int "lt" t s) (cmp_int "ge" t e)))',
+                   "(= o (- 0 s))", "(= e (+ s (dimsize x k)))")),
         Rule("out-of-range-is-not-in-range", f'(unary "bitwise_not" {IN_RANGE})', OUT_OF_RANGE,
              _in_range),
         # A range shorter than the rank's rows (a vocab padded past its end): the lookup uses

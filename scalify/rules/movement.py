@@ -255,6 +255,11 @@ def rules() -> list[Rule]:
              lambda gen, c: {"x": tensor(gen, 4, 3, 5), "d": 1, "e": 2}, when=("(= e (+ d 1))",)),
         Rule("transpose-unit-dim-before", "(transpose (unsqueeze x e) d e)", "(unsqueeze x d)",
              lambda gen, c: {"x": tensor(gen, 4, 3, 5), "d": 1, "e": 2}, when=("(= e (+ d 1))",)),
+        # Swapped with the dim two over, the unit dim lands there, and the dim between moves
+        # first (ranks' tensors stacked on a new dim 0, then laid out with it at dim 2).
+        Rule("transpose-unit-dim-two-over", "(transpose (unsqueeze x d) d e)",
+             "(unsqueeze (transpose x d (+ d 1)) e)",
+             lambda gen, c: {"x": tensor(gen, 4, 3, 5), "d": 0, "e": 2}, when=("(= e (+ d 2))",)),
         # A transpose of two other dims passes a unit dim (so unit dims from a view with one
         # head per rank, or from einsum, do not hide a transpose).
         Rule("transpose-over-unsqueeze-before", "(transpose (unsqueeze x k) d e)",
@@ -458,6 +463,16 @@ def per_rank_rules() -> list[Rule]:
         # requiring the blocks' sizes to agree in its other dims: pads of unrelated tensors
         # (a query's and a key's rotary halves) made ill-typed concats, shape conflicts.
         *(_blocks_in_zeros(rank, dim) for rank in range(1, 6) for dim in range(rank)),
+        # Rank tensors stacked along a new dim, as element following lays them out: moved to
+        # another dim, and merged with the dim after it, they are the tensors side by side
+        # (classes split over ranks, as a vocab-parallel loss picks from them).
+        Rule("stack-transposed", "(transpose (concat (unsqueeze a d) (unsqueeze b d) d 1 1) d e)",
+             "(concat (transpose (unsqueeze a d) d e) (transpose (unsqueeze b d) d e) e 1 1)",
+             lambda gen, c: {"a": tensor(gen, 3, 4, 5), "b": tensor(gen, 3, 4, 5), "d": 0, "e": 2}),
+        Rule("stack-merged", "(merge (concat (unsqueeze a d) (unsqueeze b d) d 1 1) d i)",
+             "(concat a b d i i)",
+             lambda gen, c: {"a": tensor(gen, 3, 4, 5), "b": tensor(gen, 3, 4, 5), "d": 2, "i": 5},
+             when=("(= i (dimsize a d))",)),
         # A rank tensor that is a concat (the backward of a rank's split of a fused projection)
         # names its parts as slices of it, so a reference value equal to one part finds it.
         # Only rank tensors: `concat-parts-are-slices` on every concat is the family path's.

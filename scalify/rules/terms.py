@@ -66,6 +66,7 @@ DECLARATIONS = f"""
   (embedding_grad T T i64 :cost {COMPUTE_COST})
   (take T T i64 :cost {COMPUTE_COST})
   (take_rrange T T i64 i64 :cost {COMPUTE_COST})
+  (take_range T T i64 i64 :cost {COMPUTE_COST})
   (untake T T i64 i64 :cost {COMPUTE_COST})
   (untake_rrange T T i64 i64 :cost {COMPUTE_COST})
   (embed_grad_rrange T T i64 :cost {COMPUTE_COST})
@@ -433,6 +434,7 @@ _CONSTRUCTORS = {
                                                 {"rows": rows}),
     "embed_grad_range": _embedding_grad_range,
     "take": lambda x, index, k: _run("take", [_ranked(x, k + 1), _indices(index, x.shape[-1])], {}),
+    "take_range": lambda x, index, s, k: _take_range(_ranked(x, k + 1), index, s),
     "untake": lambda g, index, size, k: _run("untake", [_ranked(g, k), _indices(index, size)],
                                              {"size": size}),
     "masked_fill": lambda x, m, v: _run("masked_fill", [x, m], {"value": literal_value(v)}),

@@ -40,9 +40,10 @@ from .sampled_reads import DATA_SHAPED, ReadLog, has_mask, mask_positions, user_
 from .value_sources import value_sources
 from .dtensor import dtensor_layout, has_dtensor, local_tensor, sharding_propagation_unrecorded
 
-_TORCH_DIR = os.path.dirname(torch.__file__)
-_CAPTURE_DIR = os.path.dirname(__file__)
-_PACKAGE_DIR = os.path.dirname(_CAPTURE_DIR)
+# (with the separator: `torchtitan` and `torchvision` sit beside `torch` and are user code)
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_CAPTURE_DIR = os.path.dirname(__file__) + os.sep
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(__file__))
 # The package's own subjects (parallel models verified like a user's): user code to the tracer.
 _SUBJECT_DIRS = tuple(os.path.join(_PACKAGE_DIR, name) + os.sep
                       for name in ("parallel", "models", "jax_models"))
@@ -616,16 +617,19 @@ def _written(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
 
 def _run(func: Any, args: tuple, kwargs: dict) -> Any:
     """`func` on the captured (meta) tensors; a 0-dim CPU tensor among them (a scalar, which
-    would mix with CUDA tensors) is moved to their device first."""
+    would mix with CUDA tensors) is moved to their device first, and so is every real tensor
+    an op mixes with meta ones (torchtitan's embedding multiplies its meta output by a mask
+    of the real token ids): the op computes only a shape, and the graph holds its inputs' nodes."""
     try:
         return func(*args, **kwargs)
     except RuntimeError as error:
-        devices = {t.device for t in tree_leaves((args, kwargs))
-                   if isinstance(t, torch.Tensor) and t.dim()}
-        if len(devices) == 1 and "device" in str(error):
-            device = devices.pop()
-            moved = tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) and not t.dim()
-                             and t.device != device else t, (args, kwargs))
+        tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        devices = {t.device for t in tensors if t.dim()}
+        if "device" in str(error) and (len(devices) == 1 or any(t.is_meta for t in tensors)):
+            device = devices.pop() if len(devices) == 1 else torch.device("meta")
+            moved = tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor)
+                             and t.device != device and (not t.dim() or device.type == "meta")
+                             else t, (args, kwargs))
             return _run_once(func, *moved)
         raise CaptureError(f"{func} failed during capture: {str(error).splitlines()[0]}") from None
 

@@ -51,3 +51,12 @@ def test_lines_that_passed_a_value_on_stop_at_the_call_from_scalify():
     places = [place for node in reference
               for place in (*node.source.passed_at, *node.source.values_from, *node.source.callers)]
     assert places and all(place.startswith(__file__) for place in places), places
+
+
+def test_a_package_whose_name_starts_with_torch_is_user_code():
+    """torchtitan sits beside torch in site-packages: its lines are the user's, not torch's."""
+    import os
+    from scalify.capture import tracer
+    beside_torch = tracer._TORCH_DIR.rstrip(os.sep) + "titan" + os.sep + "model.py"
+    assert not tracer._outside_user_code(beside_torch)
+    assert tracer._outside_user_code(os.path.join(tracer._TORCH_DIR, "nn", "functional.py"))

@@ -4,6 +4,7 @@ import struct
 
 import torch
 from torch import nn
+import torch.nn.functional as F
 
 from scalify.capture.tracer import capture
 from scalify.verify.numeric import run_graph
@@ -70,3 +71,22 @@ def test_a_scalar_added_to_float32_is_held_at_float32():
     graph, _ = _captured(Epsilon())
     [added] = [node for node in graph if node.op == "add_scalar"]
     assert added.attr("value") == struct.unpack("f", struct.pack("f", 1e-5))[0] != 1e-5
+
+
+class _MaskedByRealIds(nn.Module):
+    """torchtitan's vocab-parallel embedding: a meta lookup times a mask of the real ids."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        with torch.device("meta"):
+            self.weight = nn.Parameter(torch.empty(8, 4))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        mask = ids < 5
+        return F.embedding(ids, self.weight) * mask.unsqueeze(-1).to(torch.float32)
+
+
+def test_an_op_mixing_meta_and_real_tensors_is_recorded():
+    module, ids = _MaskedByRealIds(), torch.randint(0, 8, (2, 3))
+    graph = capture(module, lambda: module(ids), {"ids": ids})
+    assert [n.op for n in graph if n.op == "mul"] == ["mul"]

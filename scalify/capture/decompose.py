@@ -18,6 +18,25 @@ FORCED = get_decompositions([
     _aten.native_layer_norm_backward])
 
 
+def _integer_clamp(x: torch.Tensor, min: Any = None, max: Any = None) -> torch.Tensor:
+    """An integer clamp by numbers as the fills it is (`t < lo` to lo, `t > hi` to hi), the
+    form of a masked index (vocab parallelism clamps its shifted ids, then zeroes the rows a
+    mask excludes: rules/embedding.py); any other clamp as PyTorch's decomposition spells it."""
+    bounds = [v for v in (min, max) if v is not None]
+    if (x.is_floating_point() or x.is_complex() or not all(type(v) is int for v in bounds)
+            or (len(bounds) == 2 and min > max)):
+        return _tables()[_aten.clamp.default](x, min, max)
+    below = x < min if min is not None else None
+    above = x > max if max is not None else None  # (of the unclamped values, as lo <= hi)
+    if below is not None:
+        x = x.masked_fill(below, min)
+    return x if above is None else x.masked_fill(above, max)
+
+
+# Ops Scalify records as other ops its own way (each says why).
+OWN = {_aten.clamp.default: _integer_clamp}
+
+
 @cache
 def _tables() -> dict[Any, Callable]:
     """Every decomposition torch registers; the core-ATen ones (into core ops) take precedence."""
@@ -67,6 +86,8 @@ def decomposition_of(func: Any) -> Callable | None:
     lowering covers it (None: lower it, or record it opaque)."""
     if func in FORCED:
         return FORCED[func]
+    if func in OWN:
+        return OWN[func]
     if lowering_name(func)[0] in LOWERINGS or not isinstance(func, torch._ops.OpOverload):
         return None
     return _tables().get(func) or _composite(func) or _foreach(func)

@@ -69,7 +69,8 @@ def product_masks_as_fills(graph: Graph) -> Graph:
     for node in graph:
         operands = _multiplied_mask(graph, node)
         if operands is not None:
-            value, off = operands[0], _negation(graph, result, operands[1], node)
+            mask = _mask_under_broadcasts(graph, result, operands[1], node)
+            value, off = operands[0], _negation(graph, result, mask, node)
         else:
             operands = _mask_complement(graph, result, node)
             if operands is None:
@@ -84,15 +85,30 @@ def product_masks_as_fills(graph: Graph) -> Graph:
 
 
 def _multiplied_mask(graph: Graph, node: Node) -> tuple[str, str] | None:
-    """(the value, the boolean mask) of a `mul` of a value and a cast boolean of its shape."""
+    """(the value, the boolean mask or its broadcasts) of a `mul` of a value and a cast boolean
+    of its shape, the cast perhaps broadcast after it (torchtitan's `out * mask[..., None]
+    .to(out.dtype)`: the cast before the broadcast to the lookup's rows)."""
     if node.op != "mul" or len(node.inputs) != 2:
         return None
-    for cast, value in (node.inputs, node.inputs[::-1]):
-        factor = graph[cast]
+    for factor_name, value in (node.inputs, node.inputs[::-1]):
+        factor = graph[factor_name]
+        while factor.op in _BROADCASTS:
+            factor = graph[factor.inputs[0]]
         if (factor.op == "cast" and graph[factor.inputs[0]].dtype == "bool"
-                and factor.shape == graph[value].shape == node.shape):
-            return value, factor.inputs[0]
+                and graph[factor_name].shape == graph[value].shape == node.shape):
+            return value, factor_name
     return None
+
+
+def _mask_under_broadcasts(graph: Graph, result: Graph, name: str, user: Node) -> str:
+    """The boolean mask that `name` (a cast boolean, perhaps broadcast after the cast) casts:
+    the broadcasts rebuilt on the boolean, in `result`."""
+    node = graph[name]
+    if node.op == "cast":
+        return node.inputs[0]
+    inner = _mask_under_broadcasts(graph, result, node.inputs[0], user)
+    return result.add(replace(node, name=f"{user.name}.{node.name}", inputs=(inner,), dtype="bool",
+                              source=user.source)).name
 
 
 def _mask_complement(graph: Graph, result: Graph, node: Node) -> tuple[str, str] | None:
@@ -120,7 +136,7 @@ def _mask_complement(graph: Graph, result: Graph, node: Node) -> tuple[str, str]
 def _negation(graph: Graph, result: Graph, name: str, user: Node) -> str:
     """A node of `result` that is the negation of boolean `name`: the operand of a negation,
     broadcasts of a negated operand, else a new `bitwise_not`."""
-    node = graph[name]
+    node = result[name] if name in result else graph[name]
     if node.op in ("bitwise_not", "logical_not"):
         return node.inputs[0]
     if node.op in _BROADCASTS:

@@ -74,6 +74,16 @@ def _short_range(gen, choice):
     return env
 
 
+# torchtitan's form: the shifted ids clamped into the rank's rows (fills by `t < a` and
+# `t > c`: capture/decompose.py), the rows the mask excludes zeroed after the lookup.
+CLAMPED = ('(masked_fill (masked_fill (add_int ids o) (cmp_int "lt" (add_int ids o) a) f) '
+           '(cmp_int "gt" (add_int ids o) c) g)')
+
+
+def _clamped(gen, choice):
+    return {**_masked(gen, choice), "a": 0, "c": 3, "f": "0", "g": "3"}
+
+
 MASKED_PICK = '(masked_fill (take x (masked_fill (add_int t o) m "0") k) m "0.0")'
 
 
@@ -150,6 +160,12 @@ def rules() -> list[Rule]:
         Rule("masked-pick", MASKED_PICK, "(take_range x t s k)", _masked_pick,
              when=('(= m (binary "bitwise_or" (cmp_int "lt" t s) (cmp_int "ge" t e)))',
                    "(= o (- 0 s))", "(= e (+ s (dimsize x k)))")),
+        # Where the clamp changes an id, the mask zeroes its row: the clamped lookup is the
+        # masked one (its fills lie outside the rows [s, e) the mask keeps).
+        Rule("clamped-lookup-under-its-mask",
+             f'(masked_fill (embedding w {CLAMPED}) (expand (unsqueeze m k) k h) "0.0")',
+             MASKED_LOOKUP, _clamped,
+             when=(f"(= m {OUT_OF_RANGE})", "(= o (- 0 s))", "(<= a 0)", "(>= c (- (- e s) 1))")),
         Rule("out-of-range-is-not-in-range", f'(unary "bitwise_not" {IN_RANGE})', OUT_OF_RANGE,
              _in_range),
         # A range shorter than the rank's rows (a vocab padded past its end): the lookup uses

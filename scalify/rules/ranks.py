@@ -367,6 +367,14 @@ def _embedding() -> list[Rule]:
     grad_lookup = ('(embedding_grad (masked_fill g (expand (unsqueeze m k) k h) "0.0") '
                    '(masked_fill (add_int_r ids a b) m "0") s)')
     rank_range = "(embed_grad_rrange g ids s)"
+    shifted = "(add_int_r ids a b)"
+    clamped = (f'(masked_fill (embedding w (masked_fill (masked_fill {shifted} '
+               f'(cmp_int "lt" {shifted} l) f) (cmp_int "gt" {shifted} c) g)) '
+               '(expand (unsqueeze m k) k h) "0.0")')
+
+    def clamped_ids(gen, choice):
+        return {**masked(gen, choice), "l": 0, "c": 3, "f": "0", "g": "3"}
+
     def classes(gen, choice):
         rows = 4
         index = torch.randint(0, rows * WORLD, (2, 5), generator=gen)
@@ -425,6 +433,17 @@ def _embedding() -> list[Rule]:
         Rule("masked-rank-lookup", lookup, "(embed_rrange w ids s)", masked,
              when=('(= m (binary "bitwise_or" (cmp_int_r "lt" ids s 0) (cmp_int_r "ge" ids s s)))',
                    "(= a (- 0 s))", "(= b 0)", "(= s (dimsize w 0))")),
+        # A rank's ids out of its rows are those not in them (torchtitan tests `ge & lt`).
+        Rule("rank-out-of-range-is-not-in-range",
+             '(unary "bitwise_not" (binary "bitwise_and" (cmp_int_r "ge" ids s b) '
+             '(cmp_int_r "lt" ids s c)))',
+             '(binary "bitwise_or" (cmp_int_r "lt" ids s b) (cmp_int_r "ge" ids s c))',
+             lambda gen, choice: {**table(gen, choice), "b": 0, "c": 4}),
+        # torchtitan clamps the shifted ids into the rank's rows: where that changes an id,
+        # the mask zeroes its row, so the clamped lookup is the masked one.
+        Rule("clamped-rank-lookup", clamped, lookup, clamped_ids,
+             when=('(= m (binary "bitwise_or" (cmp_int_r "lt" ids s 0) (cmp_int_r "ge" ids s s)))',
+                   "(= a (- 0 s))", "(= b 0)", "(<= l 0)", "(>= c (- s 1))")),
         # The table gradient of a vocab-parallel embedding: each rank scatters the tokens of its
         # own rows (the backward of the masked lookup); together they tile the whole gradient.
         Rule("masked-rank-grad-lookup", grad_lookup, rank_range, gradient,

@@ -142,3 +142,28 @@ def test_a_large_negative_fill_stays_where_it_is_not_only_a_softmax_weight() -> 
     for why, module in kept.items():
         captured, rewritten, _ = _large_fill(module)
         assert _fills(rewritten) == [-10000.0] and not excluding_fills(captured, rewritten), why
+
+
+class _CastThenBroadcast(torch.nn.Module):
+    """torchtitan's vocab-parallel embedding: the lookup times its in-range mask, cast to numbers
+    and then broadcast to the lookup's rows; its ids clamped into the table's rows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(4, 3, dtype=torch.float64))
+
+    def forward(self, ids):
+        mask = (ids >= 2) & (ids < 6)
+        out = F.embedding((ids - 2).clamp(0, 3), self.weight)
+        return out * mask.unsqueeze(-1).to(out.dtype)
+
+
+def test_a_mask_cast_then_broadcast_is_a_fill_and_an_integer_clamp_its_fills() -> None:
+    module, inputs = _CastThenBroadcast(), {"ids": torch.randint(0, 8, (2, 5))}
+    captured = capture(module, lambda: module(**inputs), inputs)
+    rewritten = masks_as_fills(captured)
+    assert "mul" not in _ops(rewritten) and "where" not in _ops(rewritten)
+    assert _ops(rewritten).count("masked_fill") == 3  # the clamp's two and the lookup's zeros
+    values = {**inputs, "weight": module.weight.detach()}
+    assert torch.equal(_output(rewritten, values), _output(captured, values))
+    assert torch.equal(_output(captured, values), module(**inputs).detach())

@@ -42,7 +42,8 @@ def on_config(config: Any) -> Any:
     """Import scalify.config from the repository that holds mkdocs.yml."""
     global _config
     root = Path(config.config_file_path).resolve().parent
-    sys.path.insert(0, str(root))
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
     for name in [name for name in sys.modules if name == "scalify" or name.startswith("scalify.")]:
         del sys.modules[name]  # `mkdocs serve` rebuilds: read the source as it is now
     _config = importlib.import_module("scalify.config")

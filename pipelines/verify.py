@@ -3,7 +3,7 @@
     ray job submit --address http://HEAD:8265 --working-dir . -- \\
         /path/to/.venv/bin/python pipelines/verify.py CONFIG --tracking-uri sqlite:////abs/mlruns.db
 
-(README, "Running on Ray", has the full recipe.)
+(docs/ray.md, "Running on Ray", has the full recipe.)
 
 Proves on Ray actors (joining the job's cluster, or starting a local one outside a job), logs the
 run to MLflow (`--tracking-uri`, default the config's, `sqlite:///mlruns.db`: relative paths land

@@ -7,9 +7,10 @@ STAMP := $(VENV)/.installed
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml requirements-no-deps.txt
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -e '.[test]'
+	$(VENV)/bin/python -m pip install --no-deps -r requirements-no-deps.txt
 	touch $@
 
 demo: venv

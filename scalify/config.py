@@ -16,12 +16,15 @@ import yaml
 from scalify.dtensor_plan import DTensorPlan, PlanError, parse_plan
 from scalify.errors import ConfigError
 from scalify.frameworks.megatron_core_plan import MegatronCorePlan, parse_megatron_core
+from scalify.frameworks.torchtitan_plan import TorchtitanPlan, parse_torchtitan
 from scalify.models.presets import PRESETS
 from scalify.placements import Placement, parse_placement
 
 MAX_FILE_BYTES = 1 << 20
 REPO_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
-PLAN_STYLES = ("megatron", "dtensor", "megatron_core")
+PLAN_STYLES = ("megatron", "dtensor", "megatron_core", "torchtitan")
+# Styles that run a framework's own model, stated in its own names under a key of the style's name.
+FRAMEWORK_STYLES = ("megatron_core", "torchtitan")
 EXPERT_DISPATCHES = ("all_reduce", "all_to_all")
 LOGITS_MODES = ("gathered", "vocab_parallel")
 HARDWARE_TARGETS = ("gpu", "neuron")
@@ -54,7 +57,9 @@ class PlanSpec:
     rank's attention merges the ranks' key blocks by log-sum-exp; `context_load_balance` cuts
     the sequence into twice as many chunks and gives rank r chunks r and 2N-1-r (causal balance).
     Style "megatron_core" runs Megatron-Core's own GPTModel, as `megatron_core` (Megatron's
-    field names) states it, against the HuggingFace llama. `patches`: unified diffs against
+    field names) states it, against the HuggingFace llama. Style "torchtitan" runs torchtitan's
+    Llama 3 parallelised by its own `parallelize`, as `torchtitan` (the names of torchtitan's
+    parallelism section) states it, against the same model on one device. `patches`: unified diffs against
     installed packages (a framework's fix to check, or a fault to plant), applied to their
     source while the programs are captured.
     """
@@ -76,6 +81,7 @@ class PlanSpec:
     context_parallel: int = 1
     context_load_balance: bool = False
     megatron_core: MegatronCorePlan | None = None
+    torchtitan: TorchtitanPlan | None = None
     patches: tuple[str, ...] = ()
 
 
@@ -363,25 +369,25 @@ def _plan_section(parse: Callable[[Any], Any]) -> Checker:
     return check
 
 
-# The plan fields style megatron_core states in Megatron's own names, under `megatron_core`.
-_MEGATRON_CORE_ELSEWHERE = ("tensor_parallel", "sequence_parallel", "data_parallel",
+# The plan fields a framework style states in the framework's own names, under its key.
+_FRAMEWORK_ELSEWHERE = ("tensor_parallel", "sequence_parallel", "data_parallel",
                             "pipeline_parallel", "expert_parallel", "context_parallel", "fused",
                             "shard_fn", "logits", "planted_bug")
 
 
 def _check_plan_style(plan: PlanSpec, fields: Located, where: _Where) -> None:
     """The fields a plan needs, or must not have, for its style."""
-    if plan.style == "megatron_core" and plan.megatron_core is None:
-        raise where.child("megatron_core").error(
-            "missing required key for style megatron_core (a mapping of Megatron-Core fields, "
-            "e.g. {tensor_model_parallel_size: 2})")
-    if plan.style != "megatron_core" and "megatron_core" in fields:
-        raise fields["megatron_core"][1].error(f"only used with style megatron_core, not "
-                                               f"{plan.style!r}")
-    for key in _MEGATRON_CORE_ELSEWHERE:
-        if plan.style == "megatron_core" and key in fields:
-            raise fields[key][1].error("not used with style megatron_core: give Megatron-Core's "
-                                       "own fields under plan.megatron_core")
+    for style, example in (("megatron_core", "{tensor_model_parallel_size: 2}"),
+                           ("torchtitan", "{tensor_parallel_degree: 2}")):
+        if plan.style == style and getattr(plan, style) is None:
+            raise where.child(style).error(f"missing required key for style {style} (a mapping of "
+                                           f"the framework's own fields, e.g. {example})")
+        if plan.style != style and style in fields:
+            raise fields[style][1].error(f"only used with style {style}, not {plan.style!r}")
+    for key in _FRAMEWORK_ELSEWHERE:
+        if plan.style in FRAMEWORK_STYLES and key in fields:
+            raise fields[key][1].error(f"not used with style {plan.style}: give the framework's "
+                                       f"own fields under plan.{plan.style}")
     if plan.style == "dtensor" and plan.dtensor_plan is None:
         raise where.child("dtensor_plan").error(
             "missing required key for style dtensor ('hf' or a mapping from module glob to style)")
@@ -455,9 +461,14 @@ def _check_devices(hardware: HardwareSpec, world: int, fields: Located, what: st
             f"{hardware.devices} devices do not match {what}'s world size {world}{detail}")
 
 
+def framework_plan(plan: PlanSpec) -> MegatronCorePlan | TorchtitanPlan | None:
+    """The framework's own plan of a framework style (None for Scalify's own styles)."""
+    return getattr(plan, plan.style) if plan.style in FRAMEWORK_STYLES else None
+
+
 def _plan_world_size(plan: PlanSpec) -> int:
-    if plan.megatron_core is not None:
-        return plan.megatron_core.world_size()
+    if framework_plan(plan) is not None:
+        return framework_plan(plan).world_size()
     return (plan.tensor_parallel * plan.data_parallel * plan.expert_parallel
             * plan.pipeline_parallel * plan.context_parallel)
 
@@ -556,6 +567,7 @@ _SCHEMAS: dict[type, dict[str, Checker]] = {
         "context_parallel": _positive_int,
         "context_load_balance": _boolean,
         "megatron_core": _plan_section(parse_megatron_core),
+        "torchtitan": _plan_section(parse_torchtitan),
         "patches": lambda value, where: value,  # (checked with the repository at hand)
     },
     HardwareSpec: {"name": _text, "target": _choice(*HARDWARE_TARGETS), "devices": _positive_int,
@@ -713,9 +725,9 @@ def load_experiment(source: str | os.PathLike | dict) -> Experiment:
             *patches, origin.configs_dirs[0].parent))
     _check_plan_style(plan, *sections["plan"])
     world = _plan_world_size(plan)
-    if plan.style == "megatron_core" and model.family != "llama":
+    if plan.style in FRAMEWORK_STYLES and model.family != "llama":
         raise sections["plan"][0]["style"][1].error(
-            f"Megatron-Core's GPTModel is verified against the HuggingFace llama, not "
+            f"style {plan.style} builds the framework's Llama from a llama config, not "
             f"{model.family!r}")
     _check_expert_parallel(plan, model, sections["plan"][0])
     _check_pipeline(plan, model, *sections["plan"])
@@ -731,6 +743,9 @@ def load_experiment(source: str | os.PathLike | dict) -> Experiment:
     if plan.megatron_core is not None:
         degree = plan.megatron_core.tensor_model_parallel_size
         degree_at = plan_where.child("megatron_core").child("tensor_model_parallel_size")
+    elif plan.torchtitan is not None:
+        degree = plan.torchtitan.tensor_parallel_degree
+        degree_at = plan_where.child("torchtitan").child("tensor_parallel_degree")
     else:
         degree = plan.tensor_parallel
         degree_at = plan_fields.get("tensor_parallel", (None, plan_where.child("tensor_parallel")))[1]

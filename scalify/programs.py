@@ -52,6 +52,8 @@ def programs_for(experiment: Experiment) -> Programs:
     reference_step = Step(reference, run)
     if experiment.plan.style == "megatron_core":
         return _megatron_core(experiment, hf_config, reference, inputs)
+    if experiment.plan.style == "torchtitan":
+        return _torchtitan(experiment, hf_config, inputs)
     build = (_dtensor if experiment.plan.style == "dtensor" else
              _context_parallel if experiment.plan.context_parallel > 1 else
              _expert_parallel if experiment.plan.expert_parallel > 1 else
@@ -100,6 +102,19 @@ def _megatron_core(experiment: Experiment, hf_config, reference: nn.Module,
                     {"input_ids": inputs["input_ids"]}, {}, [Replicate()],
                     shard_fn=hf_to_megatron(hf_config), fused_ops=3 if loss else 0,
                     assume={"input_ids": (0, hf_config.vocab_size - 1)} if loss else {})
+
+
+def _torchtitan(experiment: Experiment, hf_config, inputs: dict[str, torch.Tensor]) -> Programs:
+    """torchtitan's Llama 3 parallelised by its own `parallelize` against the same model on one
+    device: the logits, sharded over the vocabulary as torchtitan's loss parallel leaves them."""
+    from .frameworks.torchtitan import reference_model, rank_model
+
+    if experiment.verify.backward or experiment.verify.loss:
+        raise ConfigError("verify.backward and verify.loss are not supported for style torchtitan "
+                          "yet: verify the forward (the logits)")
+    plan = experiment.plan.torchtitan
+    return Programs(reference_model(hf_config, plan), rank_model(hf_config, plan),
+                    {"input_ids": inputs["input_ids"]}, {}, [Shard(2)])
 
 
 def _tensor_parallel(experiment: Experiment, hf_config, reference_step: Step,

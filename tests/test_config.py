@@ -165,7 +165,7 @@ X = "configs/experiments/x.yaml"
         (
             "model: llama-tiny\nplan: {style: megatron_core, megatron_core: "
             "{tensor_model_parallel_size: 2}, tensor_parallel: 2}\nhardware: gpu-2\n",
-            f"{X}: plan.tensor_parallel: not used with style megatron_core: give Megatron-Core's",
+            f"{X}: plan.tensor_parallel: not used with style megatron_core: give the framework's own",
         ),
         (
             "model: llama-tiny\nplan: {style: megatron_core, megatron_core: "
@@ -180,12 +180,26 @@ X = "configs/experiments/x.yaml"
         (
             "model: mixtral-tiny\nplan: {style: megatron_core, megatron_core: "
             "{tensor_model_parallel_size: 2}}\nhardware: gpu-2\n",
-            f"{X}: plan.style: Megatron-Core's GPTModel is verified against the HuggingFace llama",
+            f"{X}: plan.style: style megatron_core builds the framework's Llama from a llama config",
         ),
         (
             "model: llama-tiny\nplan: {megatron_core: {tensor_model_parallel_size: 2}}\n"
             "hardware: gpu-2\n",
             f"{X}: plan.megatron_core: only used with style megatron_core, not 'megatron'",
+        ),
+        (
+            "model: llama-tiny\nplan: {style: torchtitan}\nhardware: gpu-2\n",
+            f"{X}: plan.torchtitan: missing required key for style torchtitan",
+        ),
+        (
+            "model: llama-tiny\nplan: {style: torchtitan, torchtitan: {tensor_parallel_degree: 2, "
+            "context_parallel_degree: 2}}\nhardware: gpu-4\n",
+            f"{X}: plan.torchtitan.context_parallel_degree: not supported yet for torchtitan",
+        ),
+        (
+            "model: llama-tiny\nplan: {style: torchtitan, torchtitan: {tensor_parallel_degree: 2, "
+            "spmd_backend: spmd_types}}\nhardware: gpu-2\n",
+            f"{X}: plan.torchtitan.spmd_backend: spmd_types is not verified yet",
         ),
         (
             "model: llama-tiny\nplan: {tensor_parallel: 2, patches: [fix.diff]}\nhardware: gpu-2\n",
@@ -240,7 +254,7 @@ X = "configs/experiments/x.yaml"
             "context_parallel, data_parallel, dtensor_plan, "
             "expert_dispatch, expert_parallel, fused, logits, megatron_core, micro_batches, "
             "patches, pipeline_parallel, "
-            "planted_bug, sequence_parallel, shard_fn, style, tensor_parallel, zero_stage)",
+            "planted_bug, sequence_parallel, shard_fn, style, tensor_parallel, torchtitan, zero_stage)",
         ),
         (
             MINIMAL + "overrides: {layers: 2}\n",

@@ -122,9 +122,10 @@ def section(name: str, cls: type, config: ModuleType, allowed: dict[str, str] | 
         shipped = sorted(path.stem for path in (config.REPO_CONFIGS / folder).glob("*.yaml"))
         parts.append(f"Shipped in `configs/{folder}/`: " + ", ".join(f"`{s}`" for s in shipped) + ".")
     if name == "plan":
-        parts.append("Not used with style `megatron_core` (give Megatron-Core's own fields under "
-                     "`megatron_core`): "
-                     + ", ".join(f"`{key}`" for key in config._MEGATRON_CORE_ELSEWHERE) + ".")
+        styles = " and ".join(f"`{style}`" for style in config.FRAMEWORK_STYLES)
+        parts.append(f"Not used with styles {styles} (give the framework's own fields under the "
+                     "key of the style's name): "
+                     + ", ".join(f"`{key}`" for key in config._FRAMEWORK_ELSEWHERE) + ".")
     return "\n\n".join(parts)
 
 

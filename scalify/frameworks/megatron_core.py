@@ -18,6 +18,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..steps import Step
+from . import rope_theta
 from .megatron_core_plan import MegatronCorePlan
 
 # Fusions and dropouts off: the unfused PyTorch paths run on any device, and dropout is not
@@ -74,7 +75,7 @@ def rank_model(hf_config: Any, plan: MegatronCorePlan, loss: bool = False
             model = GPTModel(config, transformer_layer_spec=get_gpt_layer_local_spec(),
                              vocab_size=hf_config.vocab_size,
                              max_sequence_length=MAX_SEQUENCE_LENGTH,
-                             position_embedding_type="rope", rotary_base=int(_rope_theta(hf_config)),
+                             position_embedding_type="rope", rotary_base=int(rope_theta(hf_config)),
                              share_embeddings_and_output_weights=hf_config.tie_word_embeddings,
                              parallel_output=loss)
         return Step(model.eval(), _loss if loss else _logits)
@@ -149,8 +150,3 @@ def hf_to_megatron(hf_config: Any) -> Callable[[dict, int, int], dict]:
             out[mc + "pre_mlp_layernorm.weight"] = state[hf + "post_attention_layernorm.weight"]
         return out
     return shard
-
-
-def _rope_theta(hf_config: Any) -> float:
-    parameters = getattr(hf_config, "rope_parameters", None) or {}
-    return parameters.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))

@@ -1,0 +1,93 @@
+"""torchtitan's Llama 3 (`Llama3Model`) parallelised by its own `Model.parallelize`, against the
+same model unparallelised (torchtitan's names match between the two, and its parameters are
+DTensors whose placements the capture reads).
+
+Scalify sets up what torchtitan needs at capture, inside each rank's fake process group: its
+`ParallelDims` and device mesh, and its sharding declarations (`set_llama3_sharding_config`);
+both models are built on the meta device from a HuggingFace Llama config. Attention runs
+torchtitan's SDPA inner attention, causal over one document: its language-model default, flex
+attention, is compiled for the GPU (and its per-document masks are not what parallelism
+changes).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from ..steps import Step
+from . import rope_theta
+from .torchtitan_plan import TorchtitanPlan
+
+MAX_SEQUENCE_LENGTH = 4096
+
+
+def model_config(hf_config: Any, plan: TorchtitanPlan) -> Any:
+    """torchtitan's `Llama3Model.Config` of a HuggingFace Llama config, with the sharding
+    torchtitan declares for it under `plan` (sequence parallel or not)."""
+    from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+    from torchtitan.models.llama3 import _build_llama3_layers
+    from torchtitan.models.llama3.model import Llama3Model
+    from torchtitan.models.llama3.sharding import set_llama3_sharding_config
+
+    dim, heads = hf_config.hidden_size, hf_config.num_attention_heads
+    head_dim = getattr(hf_config, "head_dim", None) or dim // heads
+    eps, vocab = hf_config.rms_norm_eps, hf_config.vocab_size
+    layers = _build_llama3_layers(
+        n_layers=hf_config.num_hidden_layers, dim=dim, n_heads=heads,
+        n_kv_heads=hf_config.num_key_value_heads, hidden_dim=hf_config.intermediate_size,
+        rope=ComplexRoPE.Config(dim=head_dim, max_seq_len=MAX_SEQUENCE_LENGTH,
+                                theta=rope_theta(hf_config), **_rope_scaling(hf_config)),
+        attn_backend="flex")
+    for layer in layers:
+        layer.attention.inner_attention = ScaledDotProductAttention.Config()
+        layer.attention_norm.eps = layer.ffn_norm.eps = eps
+    config = Llama3Model.Config(
+        dim=dim, vocab_size=vocab,
+        tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=dim),
+        norm=RMSNorm.Config(normalized_shape=dim, eps=eps),
+        lm_head=Linear.Config(in_features=dim, out_features=vocab), layers=layers)
+    set_llama3_sharding_config(config, enable_sp=plan.enable_sequence_parallel)
+    return config
+
+
+def reference_model(hf_config: Any, plan: TorchtitanPlan) -> Step:
+    """The model on one device: its logits on `input_ids`."""
+    with torch.device("meta"):
+        model = model_config(hf_config, plan).build()
+    return Step(model.eval(), _logits)
+
+
+def rank_model(hf_config: Any, plan: TorchtitanPlan) -> Callable[[int], nn.Module]:
+    """Rank `rank`'s model, parallelised by torchtitan over the mesh its `ParallelDims` build;
+    its logits stay sharded over the vocabulary (the layout of torchtitan's loss parallel)."""
+    def build(rank: int) -> nn.Module:
+        from torchtitan.distributed import ParallelDims
+
+        dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=plan.tensor_parallel_degree,
+                            pp=1, ep=1, world_size=plan.world_size(),
+                            spmd_backend=plan.spmd_backend)
+        dims.build_mesh()
+        with torch.device("meta"):
+            model = model_config(hf_config, plan).build()
+        model.parallelize(dims)
+        return Step(model.eval(), _logits)
+    return build
+
+
+def _logits(model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    return model(inputs["input_ids"])
+
+
+def _rope_scaling(hf_config: Any) -> dict[str, Any]:
+    """Llama 3's frequency scaling, in torchtitan's fields (none when the config has none)."""
+    parameters = getattr(hf_config, "rope_parameters", None) or getattr(
+        hf_config, "rope_scaling", None) or {}
+    if parameters.get("rope_type") != "llama3":
+        return {}
+    return dict(scaling="llama", scaling_factor=parameters["factor"],
+                low_freq_factor=parameters["low_freq_factor"],
+                high_freq_factor=parameters["high_freq_factor"],
+                original_max_position_embeddings=parameters["original_max_position_embeddings"])

@@ -1,0 +1,65 @@
+"""A torchtitan plan as a config states it, in the names of torchtitan's `parallelism` section.
+Only validated and held here (no torch or torchtitan import); scalify/frameworks/torchtitan.py
+builds it."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from scalify.dtensor_plan import PlanError
+
+# torchtitan's parallel degrees (`ParallelismConfig`'s names) and the ones verified so far.
+PARALLEL_DEGREES = ("tensor_parallel_degree", "data_parallel_replicate_degree",
+                    "data_parallel_shard_degree", "context_parallel_degree",
+                    "pipeline_parallel_degree", "expert_parallel_degree")
+SUPPORTED_DEGREES = ("tensor_parallel_degree",)
+SPMD_BACKENDS = ("partial_dtensor", "full_dtensor", "spmd_types")
+SUPPORTED_BACKENDS = ("partial_dtensor",)
+
+
+@dataclass(frozen=True)
+class TorchtitanPlan:
+    """The parallel degrees, `enable_sequence_parallel` (on by default, as in torchtitan) and
+    `spmd_backend` (torchtitan's default, spmd_types, is not verified yet: give
+    partial_dtensor, whose parameters are DTensors)."""
+
+    tensor_parallel_degree: int = 1
+    enable_sequence_parallel: bool = True
+    spmd_backend: str = "partial_dtensor"
+
+    def world_size(self) -> int:
+        return self.tensor_parallel_degree
+
+
+def parse_torchtitan(value: Any) -> TorchtitanPlan:
+    """`{tensor_parallel_degree: N, enable_sequence_parallel: bool, spmd_backend: name}`; the
+    other degrees of torchtitan's parallelism section may be given as 1 (or -1 for
+    data_parallel_shard_degree, torchtitan's "the rest", which is 1 here)."""
+    if not isinstance(value, dict):
+        raise PlanError((), f"expected a mapping of torchtitan parallelism fields, got {value!r}")
+    fields: dict[str, Any] = {}
+    for key, item in value.items():
+        if key in PARALLEL_DEGREES:
+            unset = key == "data_parallel_shard_degree" and item == -1
+            if not unset and (isinstance(item, bool) or not isinstance(item, int) or item <= 0):
+                raise PlanError((key,), f"expected a positive integer, got {item!r}")
+            if key not in SUPPORTED_DEGREES and item > 1:
+                raise PlanError((key,), "not supported yet for torchtitan: only "
+                                        f"{', '.join(SUPPORTED_DEGREES)} may exceed 1")
+            if key in SUPPORTED_DEGREES:
+                fields[key] = item
+        elif key == "enable_sequence_parallel":
+            if not isinstance(item, bool):
+                raise PlanError((key,), f"expected true or false, got {item!r}")
+            fields[key] = item
+        elif key == "spmd_backend":
+            if item not in SPMD_BACKENDS:
+                raise PlanError((key,), f"expected one of {', '.join(SPMD_BACKENDS)}, got {item!r}")
+            if item not in SUPPORTED_BACKENDS:
+                raise PlanError((key,), f"{item} is not verified yet (its parameters are not "
+                                        f"DTensors): use {', '.join(SUPPORTED_BACKENDS)}")
+            fields[key] = item
+        else:
+            raise PlanError((str(key),), "unknown torchtitan parallelism field (expected one of: "
+                            f"{', '.join((*PARALLEL_DEGREES, 'enable_sequence_parallel', 'spmd_backend'))})")
+    return TorchtitanPlan(**fields)

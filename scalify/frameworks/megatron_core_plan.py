@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scalify.dtensor_plan import PlanError
+from scalify.frameworks.plan_fields import flag, parallel_degree
 
 # Megatron's parallel sizes (`initialize_model_parallel`'s names) and the ones verified so far.
 PARALLEL_SIZES = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
@@ -33,17 +34,11 @@ def parse_megatron_core(value: Any) -> MegatronCorePlan:
     fields: dict[str, Any] = {}
     for key, item in value.items():
         if key in PARALLEL_SIZES:
-            if isinstance(item, bool) or not isinstance(item, int) or item <= 0:
-                raise PlanError((key,), f"expected a positive integer, got {item!r}")
-            if key not in SUPPORTED_SIZES and item > 1:
-                raise PlanError((key,), "not supported yet for Megatron-Core: only "
-                                        f"{', '.join(SUPPORTED_SIZES)} may exceed 1")
+            parallel_degree(key, item, SUPPORTED_SIZES, "Megatron-Core")
             if key in SUPPORTED_SIZES:
                 fields[key] = item
         elif key == "sequence_parallel":
-            if not isinstance(item, bool):
-                raise PlanError((key,), f"expected true or false, got {item!r}")
-            if item:  # (WrappedTorchNorm asserts it is off)
+            if flag(key, item):  # (WrappedTorchNorm asserts it is off)
                 raise PlanError((key,), "not supported by Megatron-Core's local layer spec (its "
                                         "torch norms; Apex and Transformer Engine need a GPU)")
             fields[key] = item

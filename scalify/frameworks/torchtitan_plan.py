@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scalify.dtensor_plan import PlanError
+from scalify.frameworks.plan_fields import flag, parallel_degree
 
 # torchtitan's parallel degrees (`ParallelismConfig`'s names) and the ones verified so far.
 PARALLEL_DEGREES = ("tensor_parallel_degree", "data_parallel_replicate_degree",
@@ -40,18 +41,12 @@ def parse_torchtitan(value: Any) -> TorchtitanPlan:
     fields: dict[str, Any] = {}
     for key, item in value.items():
         if key in PARALLEL_DEGREES:
-            unset = key == "data_parallel_shard_degree" and item == -1
-            if not unset and (isinstance(item, bool) or not isinstance(item, int) or item <= 0):
-                raise PlanError((key,), f"expected a positive integer, got {item!r}")
-            if key not in SUPPORTED_DEGREES and item > 1:
-                raise PlanError((key,), "not supported yet for torchtitan: only "
-                                        f"{', '.join(SUPPORTED_DEGREES)} may exceed 1")
+            unset = -1 if key == "data_parallel_shard_degree" else None  # torchtitan's "the rest"
+            parallel_degree(key, item, SUPPORTED_DEGREES, "torchtitan", unset)
             if key in SUPPORTED_DEGREES:
                 fields[key] = item
         elif key == "enable_sequence_parallel":
-            if not isinstance(item, bool):
-                raise PlanError((key,), f"expected true or false, got {item!r}")
-            fields[key] = item
+            fields[key] = flag(key, item)
         elif key == "spmd_backend":
             if item not in SPMD_BACKENDS:
                 raise PlanError((key,), f"expected one of {', '.join(SPMD_BACKENDS)}, got {item!r}")

@@ -112,13 +112,25 @@ class GraphBuilder:
         for offset in reversed(range(len(middle_in))):
             if middle_in[offset] == 1:
                 ref = self.emit("squeeze", [ref], dim=front + offset)
-        dim = front
+        # A size-1 dim made just before a dim that a group splits is split off that dim first:
+        # the spelling of a reshape whose dim is n in the reference and 1 on each rank (one kv
+        # head group per rank: [b, s, 48] -> [b, s, 1, 6, 8] as the reference's [b, s, 96] ->
+        # [b, s, 2, 6, 8]), so that the two graphs take the same steps.
+        dim, made = front, set()
+        positions = iter(offset for offset, size in enumerate(middle_out) if size != 1)
         for group in _reshape_groups([s for s in middle_in if s != 1],
                                      [s for s in middle_out if s != 1]):
+            first = next(positions)
+            if len(group[1]) > 1 and first > 0 and middle_out[first - 1] == 1:
+                ref = self.emit("split", [ref], dim=dim, inner=ref.shape[dim])
+                made.add(first - 1)
+                dim += 1
             ref = self._reshape_group(ref, dim, *group)
             dim += len(group[1])
+            for _ in group[1][1:]:
+                next(positions)
         for offset, size in enumerate(middle_out):
-            if size == 1:
+            if size == 1 and offset not in made:
                 ref = self.emit("unsqueeze", [ref], dim=front + offset)
         return ref
 

@@ -83,7 +83,10 @@ def test_a_round_trip_is_its_input():
 
 @pytest.mark.parametrize("shape, new", [((16, 16), (8, 8, 4)), ((4, 6), (6, 4)),
                                         ((2, 12, 5), (8, 3, 5)), ((2, 3, 4), (4, 6)),
-                                        ((6, 4), (2, 12)), ((24,), (2, 3, 4))])
+                                        ((6, 4), (2, 12)), ((24,), (2, 3, 4)),
+                                        ((2, 8, 48), (2, 8, 1, 6, 8)), ((2, 8, 1, 4, 8), (2, 8, 4, 8)),
+                                        ((4, 1, 6), (1, 24)), ((6,), (1, 2, 1, 3, 1)),
+                                        ((1, 2, 1, 3, 1), (6,))])
 def test_a_reshape_across_dims_moves_the_same_elements(shape, new):
     graph, x = _captured(lambda x: x.reshape(new), shape)
     (got,) = _run(graph, {"x": x})
@@ -96,3 +99,12 @@ def test_a_reshape_across_dims_splits_into_the_common_refinement():
     graph, _ = _captured(lambda x: x.reshape(8, 8, 4), (16, 16))
     assert [(n.op, n.shape) for n in graph if n.op in ("merge", "split")] == [
         ("split", (8, 2, 16)), ("split", (8, 2, 4, 4)), ("merge", (8, 8, 4))]
+
+
+def test_a_dim_of_one_per_rank_takes_the_reference_s_steps():
+    """One kv head group per rank: the rank's [b, s, 48] -> [b, s, 1, 6, 8] splits as the
+    reference's [b, s, 96] -> [b, s, 2, 6, 8] does (not a split then an unsqueeze)."""
+    steps = lambda graph: [(n.op, n.attrs) for n in graph if n.op not in ("placeholder", "exp")]
+    ours = [_captured(lambda x, new=new: x.reshape(new), shape)[0]
+            for shape, new in (((2, 8, 48), (2, 8, 1, 6, 8)), ((2, 8, 96), (2, 8, 2, 6, 8)))]
+    assert steps(ours[0]) == steps(ours[1])

@@ -107,14 +107,15 @@ def _megatron_core(experiment: Experiment, hf_config, reference: nn.Module,
 def _torchtitan(experiment: Experiment, hf_config, inputs: dict[str, torch.Tensor]) -> Programs:
     """torchtitan's Llama 3 parallelised by its own `parallelize` against the same model on one
     device: the logits, sharded over the vocabulary as torchtitan's loss parallel leaves them."""
-    from .frameworks.torchtitan import reference_model, rank_model
+    from .frameworks.torchtitan import declared_placements, reference_model, rank_model
 
     if experiment.verify.backward or experiment.verify.loss:
         raise ConfigError("verify.backward and verify.loss are not supported for style torchtitan "
                           "yet: verify the forward (the logits)")
     plan = experiment.plan.torchtitan
     return Programs(reference_model(hf_config, plan), rank_model(hf_config, plan),
-                    {"input_ids": inputs["input_ids"]}, {}, [Shard(2)])
+                    {"input_ids": inputs["input_ids"]}, declared_placements(hf_config, plan),
+                    [Shard(2)])
 
 
 def _tensor_parallel(experiment: Experiment, hf_config, reference_step: Step,

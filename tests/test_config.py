@@ -198,8 +198,13 @@ X = "configs/experiments/x.yaml"
         ),
         (
             "model: llama-tiny\nplan: {style: torchtitan, torchtitan: {tensor_parallel_degree: 2, "
+            "spmd_backend: full_dtensor}}\nhardware: gpu-2\n",
+            f"{X}: plan.torchtitan.spmd_backend: full_dtensor is not verified yet",
+        ),
+        (
+            "model: llama-tiny\nplan: {style: torchtitan, torchtitan: {tensor_parallel_degree: 2, "
             "spmd_backend: spmd_types}}\nhardware: gpu-2\n",
-            f"{X}: plan.torchtitan.spmd_backend: spmd_types is not verified yet",
+            f"{X}: plan.torchtitan.enable_sequence_parallel: not verified yet with spmd_backend",
         ),
         (
             "model: llama-tiny\nplan: {tensor_parallel: 2, patches: [fix.diff]}\nhardware: gpu-2\n",

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from ..placements import Placement, Replicate, Shard
 from ..steps import Step
 from . import rope_theta
 from .torchtitan_plan import TorchtitanPlan
@@ -62,7 +63,9 @@ def reference_model(hf_config: Any, plan: TorchtitanPlan) -> Step:
 
 def rank_model(hf_config: Any, plan: TorchtitanPlan) -> Callable[[int], nn.Module]:
     """Rank `rank`'s model, parallelised by torchtitan over the mesh its `ParallelDims` build;
-    its logits stay sharded over the vocabulary (the layout of torchtitan's loss parallel)."""
+    its logits stay sharded over the vocabulary (the layout of torchtitan's loss parallel).
+    With the spmd_types backend the forward runs in the mesh region torchtitan's trainer opens
+    (outside one, its modules skip their redistributions)."""
     def build(rank: int) -> nn.Module:
         from torchtitan.distributed import ParallelDims
 
@@ -73,8 +76,36 @@ def rank_model(hf_config: Any, plan: TorchtitanPlan) -> Callable[[int], nn.Modul
         with torch.device("meta"):
             model = model_config(hf_config, plan).build()
         model.parallelize(dims)
-        return Step(model.eval(), _logits)
+        if plan.spmd_backend != "spmd_types":
+            return Step(model.eval(), _logits)
+        from torchtitan.distributed.spmd_types import set_current_spmd_mesh
+
+        def in_mesh_region(module: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+            with set_current_spmd_mesh(dims.spmd_dense_mesh()):
+                return _logits(module, inputs)
+        return Step(model.eval(), in_mesh_region)
     return build
+
+
+def declared_placements(hf_config: Any, plan: TorchtitanPlan) -> dict[str, Placement]:
+    """Each parameter's and buffer's placement over the tensor-parallel axis as torchtitan's
+    sharding declarations state it (`state_shardings`; the spmd_types backend keeps them as
+    plain local tensors, so they are not read off DTensors)."""
+    from torchtitan.distributed.parallel_dims import MeshAxisName
+
+    with torch.device("meta"):
+        model = model_config(hf_config, plan).build()
+    placements: dict[str, Placement] = {}
+    for prefix, module in model.named_modules():
+        config = getattr(module, "_sharding_config", None)
+        held = {**dict(module.named_parameters(recurse=False)), **dict(module.named_buffers(recurse=False))}
+        for name, layout in (config.state_shardings.items() if config is not None else ()):
+            if name in held:
+                kind = layout.axis_types.get(MeshAxisName.TP)
+                dim = getattr(kind, "dim", None)
+                placements[f"{prefix}.{name}" if prefix else name] = (
+                    Replicate() if dim is None else Shard(dim))
+    return placements
 
 
 def _logits(model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -15,14 +15,14 @@ PARALLEL_DEGREES = ("tensor_parallel_degree", "data_parallel_replicate_degree",
                     "pipeline_parallel_degree", "expert_parallel_degree")
 SUPPORTED_DEGREES = ("tensor_parallel_degree",)
 SPMD_BACKENDS = ("partial_dtensor", "full_dtensor", "spmd_types")
-SUPPORTED_BACKENDS = ("partial_dtensor",)
+SUPPORTED_BACKENDS = ("partial_dtensor", "spmd_types")
 
 
 @dataclass(frozen=True)
 class TorchtitanPlan:
     """The parallel degrees, `enable_sequence_parallel` (on by default, as in torchtitan) and
-    `spmd_backend` (torchtitan's default, spmd_types, is not verified yet: give
-    partial_dtensor, whose parameters are DTensors)."""
+    `spmd_backend` (partial_dtensor by default here; torchtitan's default, spmd_types, is
+    verified without sequence parallelism)."""
 
     tensor_parallel_degree: int = 1
     enable_sequence_parallel: bool = True
@@ -51,10 +51,15 @@ def parse_torchtitan(value: Any) -> TorchtitanPlan:
             if item not in SPMD_BACKENDS:
                 raise PlanError((key,), f"expected one of {', '.join(SPMD_BACKENDS)}, got {item!r}")
             if item not in SUPPORTED_BACKENDS:
-                raise PlanError((key,), f"{item} is not verified yet (its parameters are not "
-                                        f"DTensors): use {', '.join(SUPPORTED_BACKENDS)}")
+                raise PlanError((key,), f"{item} is not verified yet: use "
+                                        f"{', '.join(SUPPORTED_BACKENDS)}")
             fields[key] = item
         else:
             raise PlanError((str(key),), "unknown torchtitan parallelism field (expected one of: "
                             f"{', '.join((*PARALLEL_DEGREES, 'enable_sequence_parallel', 'spmd_backend'))})")
-    return TorchtitanPlan(**fields)
+    plan = TorchtitanPlan(**fields)
+    if plan.spmd_backend == "spmd_types" and plan.enable_sequence_parallel:
+        raise PlanError(("enable_sequence_parallel",), "not verified yet with spmd_backend "
+                        "spmd_types (its reduce-scatter over the sequence is not followed yet): "
+                        "set it to false, or use partial_dtensor")
+    return plan

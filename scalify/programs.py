@@ -113,9 +113,9 @@ def _torchtitan(experiment: Experiment, hf_config, inputs: dict[str, torch.Tenso
         raise ConfigError("verify.backward and verify.loss are not supported for style torchtitan "
                           "yet: verify the forward (the logits)")
     plan = experiment.plan.torchtitan
-    return Programs(reference_model(hf_config, plan), rank_model(hf_config, plan),
-                    {"input_ids": inputs["input_ids"]}, declared_placements(hf_config, plan),
-                    [Shard(2)])
+    reference = reference_model(hf_config, plan)
+    return Programs(reference, rank_model(hf_config, plan), {"input_ids": inputs["input_ids"]},
+                    declared_placements(reference.model), [Shard(2)])
 
 
 def _tensor_parallel(experiment: Experiment, hf_config, reference_step: Step,

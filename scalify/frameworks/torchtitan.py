@@ -1,6 +1,6 @@
-"""torchtitan's Llama 3 (`Llama3Model`) parallelised by its own `Model.parallelize`, against the
-same model unparallelised (torchtitan's names match between the two, and its parameters are
-DTensors whose placements the capture reads).
+"""torchtitan's Llama 3 (`Llama3Model`) parallelised by its own `Module.parallelize`, against the
+same model unparallelised (torchtitan's names match between the two; the parameters' placements
+are those torchtitan's sharding declarations state).
 
 Scalify sets up what torchtitan needs at capture, inside each rank's fake process group: its
 `ParallelDims` and device mesh, and its sharding declarations (`set_llama3_sharding_config`);
@@ -87,14 +87,13 @@ def rank_model(hf_config: Any, plan: TorchtitanPlan) -> Callable[[int], nn.Modul
     return build
 
 
-def declared_placements(hf_config: Any, plan: TorchtitanPlan) -> dict[str, Placement]:
+def declared_placements(model: nn.Module) -> dict[str, Placement]:
     """Each parameter's and buffer's placement over the tensor-parallel axis as torchtitan's
-    sharding declarations state it (`state_shardings`; the spmd_types backend keeps them as
-    plain local tensors, so they are not read off DTensors)."""
+    sharding declarations on `model` (built from `model_config`) state it (`state_shardings`;
+    the spmd_types backend keeps them as plain local tensors, so they are not read off
+    DTensors)."""
     from torchtitan.distributed.parallel_dims import MeshAxisName
 
-    with torch.device("meta"):
-        model = model_config(hf_config, plan).build()
     placements: dict[str, Placement] = {}
     for prefix, module in model.named_modules():
         config = getattr(module, "_sharding_config", None)

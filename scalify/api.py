@@ -367,7 +367,8 @@ def verify(config: str | os.PathLike | dict | Experiment, *, numeric: bool | Non
             shard_fn=programs.shard_fn, assume=programs.assume)
     if patched:
         report.stats["patched"] = {
-            m.name: f"{m.copy} (lines {', '.join(map(str, m.changed_lines))} added)"
+            m.name: f"{m.copy} " + (f"(lines {', '.join(map(str, m.changed_lines))} added)"
+                                    if m.changed_lines else "(lines removed only)")
             for m in patched}
     return _finish(report, experiment)
 

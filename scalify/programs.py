@@ -106,16 +106,23 @@ def _megatron_core(experiment: Experiment, hf_config, reference: nn.Module,
 
 def _torchtitan(experiment: Experiment, hf_config, inputs: dict[str, torch.Tensor]) -> Programs:
     """torchtitan's Llama 3 parallelised by its own `parallelize` against the same model on one
-    device: the logits, sharded over the vocabulary as torchtitan's loss parallel leaves them."""
-    from .frameworks.torchtitan import declared_placements, reference_model, rank_model
+    device: the logits, sharded over the vocabulary as torchtitan's loss parallel leaves them;
+    or its loss (`verify.loss`), or a training step (`verify.backward`: the loss and every
+    parameter's gradient, laid out as the parameter), for token ids within the vocabulary."""
+    from .frameworks.torchtitan import declared_placements, reference_model, rank_model, run_of
 
-    if experiment.verify.backward or experiment.verify.loss:
-        raise ConfigError("verify.backward and verify.loss are not supported for style torchtitan "
-                          "yet: verify the forward (the logits)")
-    plan = experiment.plan.torchtitan
+    plan, verify = experiment.plan.torchtitan, experiment.verify
+    what = "step" if verify.backward else "loss" if verify.loss else "logits"
     reference = reference_model(hf_config, plan)
-    return Programs(reference, rank_model(hf_config, plan), {"input_ids": inputs["input_ids"]},
-                    declared_placements(reference.model), [Shard(2)])
+    names = [name for name, _ in reference.named_parameters()]
+    run = run_of(hf_config, plan, what, names)
+    reference.run = run
+    placements = declared_placements(reference.model)
+    outputs = {"logits": [Shard(2)], "loss": [Replicate()],
+               "step": [Replicate(), *(placements.get(name, Replicate()) for name in names)]}[what]
+    return Programs(reference, rank_model(hf_config, plan, run), {"input_ids": inputs["input_ids"]},
+                    placements, outputs, grad=what == "step", fused_ops=0 if what == "logits" else 3,
+                    assume={} if what == "logits" else {"input_ids": (0, hf_config.vocab_size - 1)})
 
 
 def _tensor_parallel(experiment: Experiment, hf_config, reference_step: Step,

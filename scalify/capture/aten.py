@@ -189,11 +189,55 @@ def _python_bitwise(b: GraphBuilder, name: str, args: list, kwargs: dict, out: A
 
 @lowering("where")
 def _where(b: GraphBuilder, name: str, args: list, kwargs: dict, out: Any) -> Result:
+    """A choice with a Python number on one side is a fill of the other side (where the
+    condition fails, for a number taken where it holds: its complement), as `masked_fill`
+    and PyTorch's own losses write it."""
     cond, x, y = args
     shape, dtype = _out_shape(out), _dtype_name(out.dtype)
+    numbers = [_number(b, v) for v in (x, y)]
+    if (numbers[0] is None) != (numbers[1] is None):
+        kept, number = (y, numbers[0]) if numbers[1] is None else (x, numbers[1])
+        mask = b.broadcast(cond if kept is y else complement(b, cond), shape)
+        return filled(b, b.broadcast(_cast_to(b, kept, out), shape), mask, number)
     operands = [_as_tensor(b, v, dtype) for v in (x, y)]
     refs = [b.broadcast(o, shape) for o in [cond, *operands]]
     return b.emit("where", refs, dtype)
+
+
+# A comparison with a number and the comparison that holds exactly where it fails (on real
+# numbers, as everywhere in the proof).
+_COMPLEMENTS = {"eq_scalar": "ne_scalar", "ne_scalar": "eq_scalar", "lt_scalar": "ge_scalar",
+                "ge_scalar": "lt_scalar", "gt_scalar": "le_scalar", "le_scalar": "gt_scalar"}
+
+
+def complement(b: GraphBuilder, mask: Ref) -> Ref:
+    """The boolean that holds where `mask` fails: the complementary comparison of a comparison
+    with a number, the operand of a negation, either under the same broadcasts, else a
+    `bitwise_not`."""
+    node = b.graph[mask.name]
+    if node.op in ("unsqueeze", "expand"):
+        inner = complement(b, Ref(node.inputs[0], *_shape_dtype(b, node.inputs[0])))
+        return b.emit(node.op, [inner], "bool", **dict(node.attrs))
+    if node.op in _COMPLEMENTS:
+        return b.emit(_COMPLEMENTS[node.op], [Ref(node.inputs[0], *_shape_dtype(b, node.inputs[0]))],
+                      "bool", value=node.attr("value"))
+    if node.op in ("bitwise_not", "logical_not"):
+        return Ref(node.inputs[0], *_shape_dtype(b, node.inputs[0]))
+    return b.emit("bitwise_not", [mask], "bool")
+
+
+def _number(b: GraphBuilder, value: Any) -> Any:
+    """`value` as a Python number when it is one or a 0-dim constant (a number the call
+    wrapped as a tensor); else None."""
+    if not isinstance(value, Ref):
+        return value
+    node = b.graph[value.name]
+    return node.attr("value") if node.op == "full" and node.shape == () else None
+
+
+def _shape_dtype(b: GraphBuilder, name: str) -> tuple[tuple[int, ...], str]:
+    node = b.graph[name]
+    return node.shape, node.dtype
 
 
 def _as_tensor(b: GraphBuilder, value: Any, dtype: str) -> Ref:

@@ -619,14 +619,15 @@ def _run(func: Any, args: tuple, kwargs: dict) -> Any:
     """`func` on the captured (meta) tensors; a 0-dim CPU tensor among them (a scalar, which
     would mix with CUDA tensors) is moved to their device first, and so is every real tensor
     an op mixes with meta ones (torchtitan's embedding multiplies its meta output by a mask
-    of the real token ids): the op computes only a shape, and the graph holds its inputs' nodes."""
+    of the real token ids; its loss backward picks a 0-dim meta gradient by the real labels):
+    the op computes only a shape, and the graph holds its inputs' nodes."""
     try:
         return func(*args, **kwargs)
     except RuntimeError as error:
         tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         devices = {t.device for t in tensors if t.dim()}
         if "device" in str(error) and (len(devices) == 1 or any(t.is_meta for t in tensors)):
-            device = devices.pop() if len(devices) == 1 else torch.device("meta")
+            device = torch.device("meta") if any(t.is_meta for t in tensors) else devices.pop()
             moved = tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor)
                              and t.device != device and (not t.dim() or device.type == "meta")
                              else t, (args, kwargs))

@@ -17,17 +17,20 @@ import torch
 from torch import nn
 
 from ..placements import Placement, Replicate, Shard
-from ..steps import Step
+from ..steps import Run, Step, keep_grads, training_step
 from . import rope_theta
 from .torchtitan_plan import TorchtitanPlan
 
 MAX_SEQUENCE_LENGTH = 4096
+# torchtitan's label of a position no loss is taken at (its data loaders' and loss's).
+IGNORE_INDEX = -100
 
 
 def model_config(hf_config: Any, plan: TorchtitanPlan) -> Any:
     """torchtitan's `Llama3Model.Config` of a HuggingFace Llama config, with the sharding
     torchtitan declares for it under `plan` (sequence parallel or not)."""
-    from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
+    from torchtitan.models.common import (ComplexRoPE, Embedding, Linear, RMSNorm,
+                                          ScaledBiasRowwiseLinear)
     from torchtitan.models.common.attention import ScaledDotProductAttention
     from torchtitan.models.llama3 import _build_llama3_layers
     from torchtitan.models.llama3.model import Llama3Model
@@ -45,6 +48,12 @@ def model_config(hf_config: Any, plan: TorchtitanPlan) -> Any:
     for layer in layers:
         layer.attention.inner_attention = ScaledDotProductAttention.Config()
         layer.attention_norm.eps = layer.ffn_norm.eps = eps
+        if getattr(hf_config, "attention_bias", False):  # as torchtitan's gpt-oss attention
+            attention = layer.attention
+            attention.qkv_linear.wqkv.bias = True
+            attention.wo = ScaledBiasRowwiseLinear.Config(
+                in_features=attention.wo.in_features, out_features=attention.wo.out_features,
+                bias=True, param_init=attention.wo.param_init)
     config = Llama3Model.Config(
         dim=dim, vocab_size=vocab,
         tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=dim),
@@ -54,20 +63,48 @@ def model_config(hf_config: Any, plan: TorchtitanPlan) -> Any:
     return config
 
 
-def reference_model(hf_config: Any, plan: TorchtitanPlan) -> Step:
-    """The model on one device: its logits on `input_ids`."""
+def run_of(hf_config: Any, plan: TorchtitanPlan, what: str, names: list[str] = ()) -> Run:
+    """What both programs run: the model's `logits` on `input_ids`; or the `loss` as
+    torchtitan's trainer takes it (its `CrossEntropyLoss`, loss parallel on vocabulary-sharded
+    logits, summed and divided by the count of labelled tokens), on the next tokens as its data
+    loaders label them (the last position ignored); or one `step`: that loss and the gradients
+    of the parameters `names` as its optimizer reads them (DTensor gradients redistributed to
+    their parameters' placements)."""
+    if what == "logits":
+        return _logits
+    from torchtitan.components.loss import CrossEntropyLoss
+
+    loss_fn = CrossEntropyLoss(CrossEntropyLoss.Config(global_vocab_size=hf_config.vocab_size))
+
+    def loss(model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        ids = inputs["input_ids"]
+        labels = torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], IGNORE_INDEX)], dim=1)
+        return loss_fn(model(ids), labels, (labels != IGNORE_INDEX).sum())[0]
+    if what == "loss":
+        return loss
+    sync = _parameter_layout_grads if plan.spmd_backend == "partial_dtensor" else keep_grads
+    return training_step(loss, list(names), sync)
+
+
+def reference_model(hf_config: Any, plan: TorchtitanPlan, run: Run = None) -> Step:
+    """The model on one device, running `run` (its logits by default)."""
     with torch.device("meta"):
         model = model_config(hf_config, plan).build()
-    return Step(model.eval(), _logits)
+    return Step(model.eval(), run or _logits)
 
 
-def rank_model(hf_config: Any, plan: TorchtitanPlan) -> Callable[[int], nn.Module]:
-    """Rank `rank`'s model, parallelised by torchtitan over the mesh its `ParallelDims` build;
-    its logits stay sharded over the vocabulary (the layout of torchtitan's loss parallel).
-    With the spmd_types backend the forward runs in the mesh region torchtitan's trainer opens
-    (outside one, its modules skip their redistributions)."""
+def rank_model(hf_config: Any, plan: TorchtitanPlan, run: Run = None) -> Callable[[int], nn.Module]:
+    """Rank `rank`'s model, parallelised by torchtitan over the mesh its `ParallelDims` build,
+    running `run` (its logits by default, which stay sharded over the vocabulary: the layout
+    of torchtitan's loss parallel). With the spmd_types backend it runs in the mesh region
+    torchtitan's trainer opens (outside one, its modules skip their redistributions)."""
+    run = run or _logits
+
     def build(rank: int) -> nn.Module:
         from torchtitan.distributed import ParallelDims
+        from torchtitan.distributed.utils import set_spmd_backend
+
+        set_spmd_backend(plan.spmd_backend)  # as its trainer does, for its loss to read
 
         dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=plan.tensor_parallel_degree,
                             pp=1, ep=1, world_size=plan.world_size(),
@@ -77,12 +114,12 @@ def rank_model(hf_config: Any, plan: TorchtitanPlan) -> Callable[[int], nn.Modul
             model = model_config(hf_config, plan).build()
         model.parallelize(dims)
         if plan.spmd_backend != "spmd_types":
-            return Step(model.eval(), _logits)
+            return Step(model.eval(), run)
         from torchtitan.distributed.spmd_types import set_current_spmd_mesh
 
-        def in_mesh_region(module: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        def in_mesh_region(module: nn.Module, inputs: dict[str, torch.Tensor]) -> Any:
             with set_current_spmd_mesh(dims.spmd_dense_mesh()):
-                return _logits(module, inputs)
+                return run(module, inputs)
         return Step(model.eval(), in_mesh_region)
     return build
 
@@ -109,6 +146,11 @@ def declared_placements(model: nn.Module) -> dict[str, Placement]:
 
 def _logits(model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
     return model(inputs["input_ids"])
+
+
+def _parameter_layout_grads(model: nn.Module, grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    from ..parallel.dtensor import parameter_layout_grads
+    return parameter_layout_grads(model, grads)
 
 
 def _rope_scaling(hf_config: Any) -> dict[str, Any]:

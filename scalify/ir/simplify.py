@@ -5,7 +5,8 @@ the same inputs with the same attributes (the backward of a loss recomputing `ou
 mask built twice) is its first application, so the ops that read either copy meet at one
 tensor in the windows that relate them. A norm raised to its order again (`torch.norm(g) ** 2`,
 as gradient clipping sums norms) is the sum it was the root of, and an addition of zero is its
-other operand (`without_zero_fills`, `without_zero_shifts`); a power of 1 is its base; a slice
+other operand (`without_zero_fills`, `without_zero_shifts`), and so is an addition of a
+difference from it (`without_cancelled_differences`); a power of 1 is its base; a slice
 that takes one operand of a concat is that operand (`without_concat_picks`)."""
 from __future__ import annotations
 
@@ -29,9 +30,9 @@ def simplified(graph: Graph, non_negative_sums: frozenset[str] = frozenset()) ->
     applications, its attention masks as fills
     (`masks.py`). `non_negative_sums` names the all-reduces whose inputs are non-negative on
     every rank (`simplified_ranks`)."""
-    return without_repeats(masks_as_fills(without_zero_fills(without_unit_powers(
-        without_root_powers(without_concat_picks(without_double_transposes(graph)),
-                            non_negative_sums)))))
+    return without_repeats(masks_as_fills(without_cancelled_differences(without_zero_fills(
+        without_unit_powers(without_root_powers(without_concat_picks(
+            without_double_transposes(graph)), non_negative_sums))))))
 
 
 def simplified_ranks(graphs: list[Graph]) -> list[Graph]:
@@ -202,6 +203,22 @@ def without_zero_fills(graph: Graph) -> Graph:
         return None
 
     return with_aliases(graph, other_than_zeros)
+
+
+def without_cancelled_differences(graph: Graph) -> Graph:
+    """The graph with every `x + (y - x)` replaced by y (on the reals, as the proof takes
+    values): torchtitan's row-parallel bias `b + (b / tp - b).detach()` adds b / tp and passes
+    b's gradient."""
+    def minuend(node: Node, kept: Graph) -> str | None:
+        if node.op != "add" or len(node.inputs) != 2:
+            return None
+        for x, difference in (node.inputs, node.inputs[::-1]):
+            sub = kept[difference] if difference in kept else None
+            if sub is not None and sub.op == "sub" and sub.inputs[1] == x:
+                return _as_is(node, [sub.inputs[0]], kept)
+        return None
+
+    return with_aliases(graph, minuend)
 
 
 def without_unit_powers(graph: Graph) -> Graph:

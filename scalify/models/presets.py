@@ -22,6 +22,7 @@ def _llama(hidden: int, intermediate: int, layers: int, heads: int, kv_heads: in
         "rms_norm_eps": 1e-5,
         "rope_theta": 500000.0,
         "tie_word_embeddings": False,
+        "attention_bias": False,
     }
 
 

@@ -171,6 +171,9 @@ def _softmax_gradient_rules() -> list[Rule]:
     return [
         Rule("negation-out-of-row", f"(expand (unsqueeze {negated('g')} d) d n)",
              negated("(expand (unsqueeze g d) d n)"), rows),
+        # (a constant -1 broadcast over the rows, torchtitan's `mask.float() - 1.0`)
+        Rule("negation-out-of-broadcast", f"(expand {negated('s')} d n)",
+             negated("(expand s d n)"), rows),
         Rule("negation-out-of-quotient", f'(binary "div" {negated("x")} y)',
              negated('(binary "div" x y)'), rows),
         Rule("negation-out-of-product-left", f'(binary "mul" {negated("x")} y)',

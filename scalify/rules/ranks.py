@@ -368,12 +368,15 @@ def _embedding() -> list[Rule]:
                    '(masked_fill (add_int_r ids a b) m "0") s)')
     rank_range = "(embed_grad_rrange g ids s)"
     shifted = "(add_int_r ids a b)"
-    clamped = (f'(masked_fill (embedding w (masked_fill (masked_fill {shifted} '
-               f'(cmp_int "lt" {shifted} l) f) (cmp_int "gt" {shifted} c) g)) '
+    clamped_shifted = (f'(masked_fill (masked_fill {shifted} (cmp_int "lt" {shifted} l) u) '
+                       f'(cmp_int "gt" {shifted} c) v)')
+    clamped = (f'(masked_fill (embedding w {clamped_shifted}) '
                '(expand (unsqueeze m k) k h) "0.0")')
+    clamped_grad = (f'(embedding_grad (masked_fill g (expand (unsqueeze m k) k h) "0.0") '
+                    f'{clamped_shifted} s)')
 
     def clamped_ids(gen, choice):
-        return {**masked(gen, choice), "l": 0, "c": 3, "f": "0", "g": "3"}
+        return {**masked(gen, choice), "l": 0, "c": 3, "u": "0", "v": "3"}
 
     def classes(gen, choice):
         rows = 4
@@ -442,6 +445,11 @@ def _embedding() -> list[Rule]:
         # torchtitan clamps the shifted ids into the rank's rows: where that changes an id,
         # the mask zeroes its row, so the clamped lookup is the masked one.
         Rule("clamped-rank-lookup", clamped, lookup, clamped_ids,
+             when=('(= m (binary "bitwise_or" (cmp_int_r "lt" ids s 0) (cmp_int_r "ge" ids s s)))',
+                   "(= a (- 0 s))", "(= b 0)", "(<= l 0)", "(>= c (- s 1))")),
+        # Its gradient: the rows the mask zeroes go to whichever row the clamp chose.
+        Rule("clamped-rank-grad-lookup", clamped_grad, grad_lookup,
+             lambda gen, choice: {**gradient(gen, choice), "l": 0, "c": 3, "u": "0", "v": "3"},
              when=('(= m (binary "bitwise_or" (cmp_int_r "lt" ids s 0) (cmp_int_r "ge" ids s s)))',
                    "(= a (- 0 s))", "(= b 0)", "(<= l 0)", "(>= c (- s 1))")),
         # The table gradient of a vocab-parallel embedding: each rank scatters the tokens of its

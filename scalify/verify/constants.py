@@ -94,7 +94,9 @@ class ConstantOrigins:
                 continue
             seen[term] = None
             facts += shape_facts(term, self.shapes[term], counts) if term in self.shapes else []
-            facts += self._negations(term) + self._ones(term) + self._uniform(term)
+            negations = self._negations(term)
+            facts += negations + self._ones(term) + self._uniform(term)
+            pending += [leaf for fact in negations for leaf in _CONST.findall(fact)]  # its positive
             for origin in sorted(self.origins.get(term, ())):
                 facts.append(f"(union {term} {origin})")
                 pending += _CONST.findall(origin)

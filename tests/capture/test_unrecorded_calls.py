@@ -90,3 +90,21 @@ def test_an_op_mixing_meta_and_real_tensors_is_recorded():
     module, ids = _MaskedByRealIds(), torch.randint(0, 8, (2, 3))
     graph = capture(module, lambda: module(ids), {"ids": ids})
     assert [n.op for n in graph if n.op == "mul"] == ["mul"]
+
+
+class _ScaleUnderRealMask(nn.Module):
+    """A 0-dim meta parameter chosen by a mask of real ids (torchtitan's loss backward picks its
+    0-dim gradient where the labels are not ignored): the op runs on meta."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.tensor(2.0))
+
+    def forward(self, ids):
+        return torch.where(ids != 3, self.scale, 0.0)
+
+
+def test_a_0_dim_meta_tensor_under_a_real_mask_runs_on_meta():
+    module, ids = _ScaleUnderRealMask().to("meta"), torch.randint(0, 8, (2, 3))
+    graph = capture(module, lambda: module(ids), {"ids": ids})
+    assert [n.op for n in graph if n.op == "masked_fill"] == ["masked_fill"]

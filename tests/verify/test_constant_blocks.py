@@ -132,3 +132,15 @@ def test_a_constant_of_ones_says_so_and_a_product_with_it_is_the_other_operand()
     assert f"(ones {leaf})" in facts and not [f for f in facts if other in f and "(ones" in f]
     program = "\n".join([f'(let $y (binary "mul" (dist "x") {ones}))', *facts])
     assert EgglogSession().holds(program, ['(dist "x")'])
+
+
+def test_a_product_with_minus_one_broadcast_is_the_negation_of_the_other_operand():
+    """torchtitan's `mask.float() - 1.0` is -1 where the mask is off: a product with -1s is the
+    negated operand (the positive ones' facts are stated with the negation)."""
+    from scalify.verify.session import EgglogSession
+
+    constants, (minus,) = _constants(torch.full((12,), -1.0))
+    facts = constants.facts(minus, counts=False)
+    assert [f for f in facts if f.startswith("(ones ")]
+    program = "\n".join([f'(let $y (binary "mul" {minus} (dist "x")))', *facts])
+    assert EgglogSession().holds(program, ['(unary "neg" (dist "x"))'])

@@ -3,7 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test test-slow corpus matrix soundness browser bench bench-scar docs clean
+.PHONY: venv demo test test-slow corpus matrix frameworks soundness browser bench bench-scar docs clean
 
 venv: $(STAMP)
 
@@ -21,7 +21,7 @@ demo: venv
 TEST_WORKERS ?= 2
 
 test: venv
-	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not slow"
+	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not slow and not frameworks"
 
 # The tests of minutes each (marked `slow`: the fused-QKV training cells of the matrix, a
 # planted bug in neuronx's fused QKV); run them before a release (CI leaves them out for its time).
@@ -42,6 +42,11 @@ corpus: venv
 # Every parallelism x forward/backward cell, verified or caught, printed as a table.
 matrix: venv
 	$(VENV)/bin/python -m scalify.matrix
+
+# The real Megatron-Core and torchtitan x plan x forward/loss/training step (tests marked
+# `frameworks`, minutes each), verified or caught at the bug's line, printed as a table; CI runs it.
+frameworks: venv
+	$(VENV)/bin/python -m scalify.framework_matrix --jobs $(TEST_WORKERS)
 
 # Mutation testing: bugs planted in the captured TP graphs of tiny Llama and GPT-2 (TP 2/4/8)
 # must all be caught; prints one table per configuration (ARGS=--budget N to change its size).

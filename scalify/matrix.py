@@ -6,10 +6,12 @@ with the numeric cross-check agreeing on each verdict. `python -m scalify.matrix
 """
 from __future__ import annotations
 
+import re
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from rich.console import Console
 from rich.table import Table
@@ -18,6 +20,7 @@ import scalify
 
 _PLANTED_FILES = ("parallel/planted.py", "parallel/dtensor_planted.py",
                   "parallel/experts_planted.py", "parallel/context_planted.py")
+_HINTED = re.compile(r"(/[^\s:,]+\.py):(\d+)")  # file:line in a hint
 _LAYERS = {"llama": "model.num_hidden_layers", "gpt2": "model.n_layer",
            "mixtral": "model.num_hidden_layers"}
 
@@ -174,19 +177,27 @@ def run_cell(cell: Cell) -> Outcome:
     """Verify the cell with the numeric cross-check and judge the result."""
     start = time.perf_counter()
     report = scalify.verify(cell.experiment(), numeric=True)
-    seconds = time.perf_counter() - start
+    return judged(report, time.perf_counter() - start,
+                  (lambda file, line: (file, line) == planted_line(cell.bug)) if cell.bug else None)
+
+
+def judged(report: scalify.Report, seconds: float,
+           at_bug: Callable[[str, int], bool] | None) -> Outcome:
+    """A correct cell (`at_bug` None) passes verified with the numbers agreeing; a bug cell
+    caught, the numbers differing, with a line `at_bug` accepts among the lines its first
+    discrepancy names, or in its hint (a sharding function's line, where the layout a fused
+    bug gets wrong was stated)."""
     agrees = bool(report.numeric and report.numeric["agrees"])
     first = report.discrepancies[0] if report.discrepancies else None
     where = str(first.dist_source) if first else ""
-    if cell.bug:
-        line = planted_line(cell.bug)
-        # A line the discrepancy names: among its source lines, or in its hint (a sharding
-        # function's line, where the layout a fused bug gets wrong was stated).
-        at_line = first is not None and (line in first.lines() or "{}:{}".format(*line) in first.hint)
-        passed = report.verdict == "discrepancy" and not agrees and at_line
-        return Outcome(report.verdict, agrees, at_line, seconds, passed, where)
-    return Outcome(report.verdict, agrees, None, seconds, report.verdict == "verified" and agrees,
-                   where)
+    if at_bug is None:
+        return Outcome(report.verdict, agrees, None, seconds,
+                       report.verdict == "verified" and agrees, where)
+    named = list(first.lines()) + [(file, int(line)) for file, line in
+                                   _HINTED.findall(first.hint)] if first else []
+    at_line = any(at_bug(file, line) for file, line in named)
+    passed = report.verdict == "discrepancy" and not agrees and at_line
+    return Outcome(report.verdict, agrees, at_line, seconds, passed, where)
 
 
 def _row(cell: Cell, outcome: Outcome) -> list[str]:

@@ -21,7 +21,7 @@ demo: venv
 TEST_WORKERS ?= 2
 
 test: venv
-	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not slow and not frameworks"
+	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not slow and not matrix"
 
 # The tests of minutes each (marked `slow`: the fused-QKV training cells of the matrix, a
 # planted bug in neuronx's fused QKV); run them before a release (CI leaves them out for its time).
@@ -39,12 +39,13 @@ corpus: venv
 	$(VENV)/bin/python -m tests.corpus.verify_cases --json reports/corpus.json \
 	  --deadline $(CORPUS_DEADLINE) --jobs $(CORPUS_JOBS) $(ARGS)
 
-# Every parallelism x forward/backward cell, verified or caught, printed as a table.
+# Every parallelism x forward/backward cell, verified or caught, printed as a table (tests
+# marked `matrix`; ARGS=--skip-slow leaves the cells of minutes out, as CI does).
 matrix: venv
-	$(VENV)/bin/python -m scalify.matrix
+	$(VENV)/bin/python -m scalify.matrix --jobs $(TEST_WORKERS) $(ARGS)
 
 # The real Megatron-Core and torchtitan x plan x forward/loss/training step (tests marked
-# `frameworks`, minutes each), verified or caught at the bug's line, printed as a table; CI runs it.
+# `matrix`, minutes each), verified or caught at the bug's line, printed as a table; CI runs it.
 frameworks: venv
 	$(VENV)/bin/python -m scalify.framework_matrix --jobs $(TEST_WORKERS)
 

@@ -8,19 +8,13 @@ first discrepancy naming the bug's line. `python -m scalify.framework_matrix [--
 """
 from __future__ import annotations
 
-import argparse
-import multiprocessing
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
-
-from rich.console import Console
-from rich.table import Table
 
 import scalify
 from scalify.config import REPO_CONFIGS
-from scalify.matrix import Outcome, judged
+from scalify.matrix import Outcome, arguments, judged, print_table, run_all
 
 
 @dataclass(frozen=True)
@@ -59,6 +53,11 @@ CELLS = [
     FrameworkCell(_MC, "TP2", "loss", "megatron-core-bug-gathered-logits-loss",
                   "planted: gathered logits into the vocab-parallel loss (Megatron-LM#7452)",
                   "megatron/core/tensor_parallel/mappings.py", 94),
+    FrameworkCell(_MC, "TP2, label smoothing", "loss", "megatron-core-bug-label-smoothing-loss",
+                  "as released: label smoothing over each rank's shard (Megatron-LM#737)",
+                  "megatron/core/tensor_parallel/cross_entropy.py", 176),
+    FrameworkCell(_MC, "TP2, label smoothing, a fix patched in", "loss",
+                  "megatron-core-fix-label-smoothing-loss"),
     FrameworkCell(_TT, "TP2+SP", "forward", "torchtitan-llama-tiny-tp2"),
     FrameworkCell(_TT, "TP2", "forward", "torchtitan-llama-tiny-tp2-no-sp"),
     FrameworkCell(_TT, "TP2, 2 kv heads", "forward", "torchtitan-llama-tiny-gqa-tp2"),
@@ -100,24 +99,11 @@ def _row(cell: FrameworkCell, outcome: Outcome) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, default=1, help="cells verified at once")
-    jobs = parser.parse_args(argv).jobs
-    outcomes: dict[FrameworkCell, Outcome] = {}
-    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        running = {pool.submit(run_cell, cell): cell for cell in CELLS}
-        for done in as_completed(running):
-            cell = running[done]
-            outcomes[cell] = done.result()
-            print(f"[{len(outcomes)}/{len(CELLS)}] {cell.name}: {outcomes[cell].verdict} "
-                  f"({outcomes[cell].seconds:.0f} s)", flush=True)
-    table = Table(title="Scalify framework matrix (real Megatron-Core and torchtitan, "
-                        "numeric cross-check on)")
-    for column in ("framework", "plan", "step", "cell", "expected", "verdict", "numbers", "s", ""):
-        table.add_column(column)
-    for cell in CELLS:
-        table.add_row(*_row(cell, outcomes[cell]))
-    Console(width=200).print(table)
+    outcomes = run_all(CELLS, run_cell, arguments(argv, __doc__.splitlines()[0]).parse_args(argv).jobs)
+    print_table("Scalify framework matrix (real Megatron-Core and torchtitan, numeric "
+                "cross-check on)",
+                ("framework", "plan", "step", "cell", "expected", "verdict", "numbers", "s", ""),
+                [_row(cell, outcomes[cell]) for cell in CELLS])
     return 0 if all(outcome.passed for outcome in outcomes.values()) else 1
 
 

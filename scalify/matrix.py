@@ -1,17 +1,20 @@
 """The parallelism matrix: model family x parallel plan x forward/backward.
 
 Every correct cell must verify and every planted-bug cell must be caught at its planted line,
-with the numeric cross-check agreeing on each verdict. `python -m scalify.matrix` (or
-`make matrix`) runs every cell and prints the table.
+with the numeric cross-check agreeing on each verdict. `python -m scalify.matrix [--jobs N]`
+(or `make matrix`, which CI runs) runs every cell and prints the table.
 """
 from __future__ import annotations
 
+import argparse
+import multiprocessing
 import re
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from rich.console import Console
 from rich.table import Table
@@ -148,6 +151,13 @@ def _cells() -> list[Cell]:
 
 
 CELLS = _cells()
+# Cells of minutes each, and the per-rank twins of training cells whose symmetric path is in
+# the matrix (the per-rank path stays in it through the EP2 forward cell and
+# tests/verify/test_correct_configs.py): `--skip-slow` (as CI runs it) leaves them out.
+SLOW = frozenset({"llama/TP2 fused, 2 kv heads/backward/correct",
+                  "llama/TP2 fused, 2 kv heads/backward/bug fused-plain-column-shard",
+                  "llama/TP2/backward/per-rank", "gpt2/TP2/backward/per-rank",
+                  "llama/DP2 x2 micro-batches/backward/per-rank"})
 
 
 def planted_line(bug: str) -> tuple[str, int]:
@@ -210,18 +220,45 @@ def _row(cell: Cell, outcome: Outcome) -> list[str]:
             found, numbers, f"{outcome.seconds:.1f}", mark]
 
 
-def main() -> int:
-    console = Console()
-    table = Table(title="Scalify parallelism matrix (tiny models, numeric cross-check on)")
-    for column in ("family", "plan", "step", "cell", "expected", "verdict", "numbers", "s", ""):
+def run_all(cells: list, run: Callable[[Any], Outcome], jobs: int) -> dict[Any, Outcome]:
+    """Every cell's outcome, `jobs` cells at once (each in a process of its own), a line
+    printed as each finishes."""
+    outcomes: dict[Any, Outcome] = {}
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        running = {pool.submit(run, cell): cell for cell in cells}
+        for done in as_completed(running):
+            cell = running[done]
+            outcomes[cell] = done.result()
+            print(f"[{len(outcomes)}/{len(cells)}] {cell.name}: {outcomes[cell].verdict} "
+                  f"({outcomes[cell].seconds:.0f} s)", flush=True)
+    return outcomes
+
+
+def print_table(title: str, columns: tuple[str, ...], rows: list[list[str]]) -> None:
+    table = Table(title=title)
+    for column in columns:
         table.add_column(column)
-    failed = 0
-    for cell in CELLS:
-        outcome = run_cell(cell)
-        failed += not outcome.passed
-        table.add_row(*_row(cell, outcome))
-    console.print(table)
-    return 1 if failed else 0
+    for row in rows:
+        table.add_row(*row)
+    Console(width=200).print(table)
+
+
+def arguments(argv: list[str] | None, description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--jobs", type=int, default=1, help="cells verified at once")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = arguments(argv, __doc__.splitlines()[0])
+    parser.add_argument("--skip-slow", action="store_true", help="leave out the SLOW cells")
+    args = parser.parse_args(argv)
+    cells = [cell for cell in CELLS if not (args.skip_slow and cell.name in SLOW)]
+    outcomes = run_all(cells, run_cell, args.jobs)
+    print_table("Scalify parallelism matrix (tiny models, numeric cross-check on)",
+                ("family", "plan", "step", "cell", "expected", "verdict", "numbers", "s", ""),
+                [_row(cell, outcomes[cell]) for cell in cells])
+    return 0 if all(outcome.passed for outcome in outcomes.values()) else 1
 
 
 if __name__ == "__main__":

@@ -90,14 +90,17 @@ def _megatron_core(experiment: Experiment, hf_config, reference: nn.Module,
     entropy against the reference's), for token ids within the vocabulary."""
     from .frameworks.megatron_core import hf_to_megatron, rank_model, reference_step
 
-    loss = experiment.verify.loss
+    loss, smoothing = experiment.verify.loss, experiment.plan.megatron_core.label_smoothing
+    if smoothing and not loss:
+        raise ConfigError("plan.megatron_core.label_smoothing: the loss is smoothed, so it needs "
+                          "verify.loss: true")
     if experiment.verify.backward:
         raise ConfigError("verify.backward is not supported for style megatron_core yet: verify "
                           "the forward (the logits) or the loss (verify.loss)")
     if hf_config.tie_word_embeddings:
         raise ConfigError("model.tie_word_embeddings: Megatron-Core's shared output layer is not "
                           "mapped yet; use untied embeddings")
-    return Programs(reference_step(reference, hf_config, loss),
+    return Programs(reference_step(reference, hf_config, loss, smoothing),
                     rank_model(hf_config, experiment.plan.megatron_core, loss),
                     {"input_ids": inputs["input_ids"]}, {}, [Replicate()],
                     shard_fn=hf_to_megatron(hf_config), fused_ops=3 if loss else 0,

@@ -247,7 +247,7 @@ X = "configs/experiments/x.yaml"
         (MINIMAL.replace("gpu-2", "hw/gpu-2.yaml"), f"{X}: hardware: no such file 'configs/experiments/hw/gpu-2.yaml'"),
         (
             MINIMAL + "overrides: {model.hidden_sz: 32}\n",
-            f"{X}: overrides.model.hidden_sz: unknown llama config field (expected one of: hidden_size,",
+            f"{X}: overrides.model.hidden_sz: unknown llama config field (expected one of: attention_bias, hidden_size,",
         ),
         (
             MINIMAL + "overrides: {model.num_hidden_layers: four}\n",

@@ -1,6 +1,6 @@
 """The framework matrix: every cell of the real Megatron-Core and torchtitan gives the verdict
 it expects, the numbers agreeing on a correct cell and differing on a bug, which is caught at
-its line. Marked `frameworks` (minutes): `make frameworks` runs them, as CI does."""
+its line. Marked `matrix` (minutes): `make frameworks` runs them, as CI does."""
 import pytest
 
 from scalify.config import REPO_CONFIGS
@@ -14,7 +14,7 @@ def test_every_cell_names_an_experiment_and_every_bug_a_line():
     assert len({cell.name for cell in CELLS}) == len(CELLS)
 
 
-@pytest.mark.frameworks
+@pytest.mark.matrix
 @pytest.mark.parametrize("cell", CELLS, ids=[cell.name for cell in CELLS])
 def test_cell(cell):
     outcome = run_cell(cell)

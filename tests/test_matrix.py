@@ -1,18 +1,11 @@
-"""The parallelism matrix: each cell gives the verdict it expects, numbers agreeing."""
+"""The parallelism matrix: each cell gives the verdict it expects, numbers agreeing. Its cells
+are marked `matrix` (minutes in all): `make matrix` runs them, as CI does."""
 import pytest
 
-from scalify.matrix import CELLS, planted_line, run_cell
+from scalify.matrix import CELLS, SLOW, planted_line, run_cell
 
 
-# Cells of minutes each, and the per-rank twins of training cells whose symmetric path
-# `make test` runs (the per-rank path stays in it through test_correct_configs and the EP2
-# forward cell): `make test-slow` runs them, so `make test` stays short.
-SLOW = {"llama/TP2 fused, 2 kv heads/backward/correct",
-        "llama/TP2 fused, 2 kv heads/backward/bug fused-plain-column-shard",
-        "llama/TP2/backward/per-rank", "gpt2/TP2/backward/per-rank",
-        "llama/DP2 x2 micro-batches/backward/per-rank"}
-
-
+@pytest.mark.matrix
 @pytest.mark.parametrize("cell", [pytest.param(cell, marks=[pytest.mark.slow] * (cell.name in SLOW))
                                   for cell in CELLS], ids=[cell.name for cell in CELLS])
 def test_cell(cell):

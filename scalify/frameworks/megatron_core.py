@@ -78,7 +78,7 @@ def rank_model(hf_config: Any, plan: MegatronCorePlan, loss: bool = False
                              position_embedding_type="rope", rotary_base=int(rope_theta(hf_config)),
                              share_embeddings_and_output_weights=hf_config.tie_word_embeddings,
                              parallel_output=loss)
-        return Step(model.eval(), _loss if loss else _logits)
+        return Step(model.eval(), _loss(plan.label_smoothing) if loss else _logits)
     return build
 
 
@@ -87,11 +87,19 @@ def _logits(model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
     return model(**_gpt_inputs(inputs))
 
 
-def _loss(model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+def _loss(smoothing: float) -> Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor]:
     """GPTModel's per-token losses on the next tokens as labels (Megatron's data loaders shift
-    them so), averaged over every position but the last (whose label wraps around)."""
-    per_token = model(**_gpt_inputs(inputs), labels=next_tokens(inputs["input_ids"]))
-    return per_token[:, :-1].mean()
+    them so), averaged over every position but the last (whose label wraps around). With label
+    smoothing, Megatron's vocab-parallel cross entropy is called on GPTModel's vocab-parallel
+    logits with it, as NeMo's GPT loss calls it (GPTModel's own loss takes none)."""
+    def mean_loss(model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        labels = next_tokens(inputs["input_ids"])
+        if not smoothing:
+            return model(**_gpt_inputs(inputs), labels=labels)[:, :-1].mean()
+        from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+        logits = model(**_gpt_inputs(inputs))
+        return vocab_parallel_cross_entropy(logits, labels, smoothing)[:, :-1].mean()
+    return mean_loss
 
 
 def _gpt_inputs(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor | None]:
@@ -105,7 +113,8 @@ def next_tokens(ids: torch.Tensor) -> torch.Tensor:
     return torch.cat([ids[:, 1:], ids[:, :1]], dim=1)
 
 
-def reference_step(reference: nn.Module, hf_config: Any, loss: bool = False) -> Step:
+def reference_step(reference: nn.Module, hf_config: Any, loss: bool = False,
+                   smoothing: float = 0.0) -> Step:
     """The HuggingFace model's logits on `input_ids`, causal with no padding as GPTModel is, or
     with `loss` its cross entropy on the next tokens averaged as the ranks' (`_loss`; HF's own
     loss reads its token count into Python, which a capture on meta tensors cannot); its rotary
@@ -119,9 +128,14 @@ def reference_step(reference: nn.Module, hf_config: Any, loss: bool = False) -> 
 
     def mean_loss(model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         ids = inputs["input_ids"]
-        per_token = F.cross_entropy(logits(model, inputs).flatten(0, 1),
-                                    next_tokens(ids).flatten(), reduction="none")
-        return per_token.view(ids.shape)[:, :-1].mean()
+        scores = logits(model, inputs)
+        per_token = F.cross_entropy(scores.flatten(0, 1), next_tokens(ids).flatten(),
+                                    reduction="none").view(ids.shape)
+        if smoothing:  # Megatron's definition: the mass spread over the other classes
+            spread = smoothing * scores.shape[-1] / (scores.shape[-1] - 1)
+            mean_log_probs = F.log_softmax(scores, dim=-1).mean(dim=-1)
+            per_token = (1.0 - spread) * per_token - spread * mean_log_probs
+        return per_token[:, :-1].mean()
     return Step(reference, mean_loss if loss else logits)
 
 

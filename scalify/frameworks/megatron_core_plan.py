@@ -22,13 +22,17 @@ class MegatronCorePlan:
     tensor_model_parallel_size: int = 1
     sequence_parallel: bool = False
     transformer_config: tuple[tuple[str, Any], ...] = ()
+    # The loss's label smoothing, the argument of Megatron's vocab-parallel cross entropy
+    # (Megatron-LM's and NeMo's `label_smoothing`); verified with `verify.loss`.
+    label_smoothing: float = 0.0
 
     def world_size(self) -> int:
         return self.tensor_model_parallel_size
 
 
 def parse_megatron_core(value: Any) -> MegatronCorePlan:
-    """`{tensor_model_parallel_size: N, sequence_parallel: bool, transformer_config: {...}}`."""
+    """`{tensor_model_parallel_size: N, sequence_parallel: bool, label_smoothing: x,
+    transformer_config: {...}}`."""
     if not isinstance(value, dict):
         raise PlanError((), f"expected a mapping of Megatron-Core fields, got {value!r}")
     fields: dict[str, Any] = {}
@@ -42,6 +46,10 @@ def parse_megatron_core(value: Any) -> MegatronCorePlan:
                 raise PlanError((key,), "not supported by Megatron-Core's local layer spec (its "
                                         "torch norms; Apex and Transformer Engine need a GPU)")
             fields[key] = item
+        elif key == "label_smoothing":
+            if isinstance(item, bool) or not isinstance(item, (int, float)) or not 0 <= item < 1:
+                raise PlanError((key,), f"expected a number in [0, 1), got {item!r}")
+            fields[key] = float(item)
         elif key == "transformer_config":
             if not isinstance(item, dict) or not all(isinstance(k, str) for k in item):
                 raise PlanError((key,), "expected a mapping of TransformerConfig field names "
@@ -49,5 +57,5 @@ def parse_megatron_core(value: Any) -> MegatronCorePlan:
             fields[key] = tuple(sorted(item.items()))
         else:
             raise PlanError((str(key),), "unknown Megatron-Core field (expected one of: "
-                            f"{', '.join((*PARALLEL_SIZES, 'sequence_parallel', 'transformer_config'))})")
+                            f"{', '.join((*PARALLEL_SIZES, 'sequence_parallel', 'label_smoothing', 'transformer_config'))})")
     return MegatronCorePlan(**fields)

@@ -187,6 +187,10 @@ def _softmax_gradient_rules() -> list[Rule]:
         # its row sum (the sum of exps is positive, so its log is defined).
         Rule("exp-of-log-softmax", '(unary "exp" (binary "sub" a (expand (unary "log" s) d n)))',
              '(binary "div" (unary "exp" a) (expand s d n))', rows),
+        # and the log of the softmax (Megatron's smoothed loss: `torch.log(softmax)`) is the
+        # log-softmax, for a positive row sum s
+        Rule("log-of-softmax", '(unary "log" (binary "div" (unary "exp" a) (expand s d n)))',
+             '(binary "sub" a (expand (unary "log" s) d n))', rows),
         # A row scale of a sum with a scatter (Megatron's vocab-parallel loss backward scales
         # `softmax` minus its target's one by the tokens' gradients): each term scaled, the
         # scatter's values by the row's. Only over a scatter: a product distributed over every

@@ -22,10 +22,15 @@ from torch.utils._pytree import tree_flatten
 from ..errors import CaptureError, ShapeError
 from ..placements import SLAB, Custom, Piece, Placement, Replicate, Shard, slab_name
 from ..verify.custom import check_tiling
+from .shard_values import (Filler, Unfollowed, Value, ValueTracker, View, is_whole,
+                           pieces_along, reference_value, slab)
 from .tracer import SourceTracker
 
 ShardFn = Callable[[dict[str, torch.Tensor], int, int], dict[str, torch.Tensor]]
 Shape = tuple[int, ...]
+# A reference this large is read only by following values: index tensors would take 8 bytes
+# an element, twice over
+MOST_INDEXED_ELEMENTS = 1 << 28
 
 CUTS = frozenset({"slice", "select", "index", "index_select", "split", "split_with_sizes",
                   "unbind", "narrow", "gather", "take"})
@@ -39,12 +44,14 @@ MOVES = frozenset({"view", "_unsafe_view", "reshape", "clone", "contiguous", "al
 
 class _IndexMode(TorchDispatchMode):
     """Runs data-movement ops on index tensors (dtype and device changes ignored, new tensors
-    zero: filler) and records where each result was last cut."""
+    zero: filler), or on meta tensors whose values `values` follows, and records where each
+    result was last cut."""
 
-    def __init__(self) -> None:
+    def __init__(self, values: ValueTracker | None = None) -> None:
         super().__init__()
         self.sources = SourceTracker({})
         self.cut_at: dict[int, tuple[torch.Tensor, str]] = {}
+        self.values = values
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = dict(kwargs or {})
@@ -66,6 +73,8 @@ class _IndexMode(TorchDispatchMode):
         for tensor in tree_flatten(out)[0]:
             if isinstance(tensor, torch.Tensor) and origin:
                 self.cut_at[id(tensor)] = (tensor, origin)
+        if self.values is not None:
+            self.values.track(name, args, kwargs, out)
         return out
 
     def origin(self, tensor: torch.Tensor) -> str:
@@ -94,6 +103,17 @@ class _Indexed:
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {name: self.grid(k).clone() for k, name in enumerate(self.names)}
+
+    def meta_tensors(self, values: ValueTracker) -> dict[str, torch.Tensor]:
+        """Meta tensors of the references' shapes, each followed as its reference."""
+        tensors = {}
+        for k, name in enumerate(self.names):
+            tensors[name] = torch.empty(self.shapes[k], dtype=torch.int64, device="meta")
+            values.set(tensors[name], reference_value(k, self.shapes[k]))
+        return tensors
+
+    def numel(self) -> int:
+        return sum(_numel(shape) for shape in self.shapes)
 
     def grid(self, k: int, dim: int = 0) -> torch.Tensor:
         """Reference tensor `k`'s indices, with `dim` moved first."""
@@ -151,9 +171,7 @@ def _read(indexed: _Indexed, rank: int, local: str, value: torch.Tensor, origin:
                     for item in _read(indexed, rank, slab_name(local, j), value[j], origin)]
         except ShapeError:
             pass
-    raise ShapeError(f"rank {rank}'s {local} (shape {list(value.shape)}, cut at {origin or '?'}) "
-                     "is not a concatenation of slices of reference tensors along one dim, nor "
-                     "a stack of such")
+    raise _not_sliced(rank, local, tuple(value.shape), origin)
 
 
 def _read_along(indexed: _Indexed, rank: int, local: str, value: torch.Tensor, dim: int,
@@ -174,14 +192,55 @@ def _read_along(indexed: _Indexed, rank: int, local: str, value: torch.Tensor, d
         ref_row = coords[dim] if shape else 0
         if not torch.equal(rows[i], indexed.grid(k, dim)[ref_row].reshape(-1)):
             return None
-        last = found[-1].piece if found else None
-        if (last and found[-1].ref == indexed.names[k] and last.local_start + last.size == i
-                and last.ref_start + last.size == ref_row):
-            found[-1] = _Found(found[-1].ref, dim, Piece(rank, local, last.local_start,
-                                                         last.ref_start, last.size + 1), origin)
-        else:
-            found.append(_Found(indexed.names[k], dim, Piece(rank, local, i, ref_row, 1), origin))
+        _add_run(found, _Found(indexed.names[k], dim, Piece(rank, local, i, ref_row, 1), origin))
     return found
+
+
+def _add_run(found: list[_Found], item: _Found) -> None:
+    """Append `item`, extending the last piece when it continues it."""
+    last = found[-1].piece if found else None
+    piece = item.piece
+    if (last and found[-1].ref == item.ref and last.local_start + last.size == piece.local_start
+            and last.ref_start + last.size == piece.ref_start):
+        found[-1] = _Found(item.ref, item.dim, Piece(piece.rank, piece.local, last.local_start,
+                                                     last.ref_start, last.size + piece.size),
+                           item.origin)
+    else:
+        found.append(item)
+
+
+def _read_value(indexed: _Indexed, rank: int, local: str, value: Value, origin: str) -> list[_Found]:
+    """`_read` on a followed value."""
+    shape = value.shape
+    if isinstance(value, View) and is_whole(value, indexed.shapes[value.ref]):
+        return [_Found(indexed.names[value.ref], None,
+                       Piece(rank, local, 0, 0, shape[0] if shape else 1), origin)]
+    for dim in range(len(shape)):
+        runs = pieces_along(value, dim, indexed.shapes)
+        if runs is None:
+            continue
+        found: list[_Found] = []
+        local_start = 0
+        for ref, ref_start, size in runs:
+            if ref is not None and size:
+                _add_run(found, _Found(indexed.names[ref], dim,
+                                       Piece(rank, local, local_start, ref_start, size), origin))
+            local_start += size
+        return found
+    if len(shape) > 1 and SLAB not in local and not isinstance(value, Filler):
+        try:
+            return [item for j in range(shape[0])
+                    for item in _read_value(indexed, rank, slab_name(local, j), slab(value, j),
+                                            origin)]
+        except (ShapeError, Unfollowed):
+            pass
+    raise _not_sliced(rank, local, shape, origin)
+
+
+def _not_sliced(rank: int, local: str, shape: Shape, origin: str) -> ShapeError:
+    return ShapeError(f"rank {rank}'s {local} (shape {list(shape)}, cut at {origin or '?'}) "
+                      "is not a concatenation of slices of reference tensors along one dim, nor "
+                      "a stack of such")
 
 
 def infer_placements(shard_fn: ShardFn, reference_state: dict[str, torch.Tensor],
@@ -195,11 +254,31 @@ def infer_placements(shard_fn: ShardFn, reference_state: dict[str, torch.Tensor]
     that the function gives no rank keeps the default, Replicate.
     """
     indexed = _Indexed.of(reference_state)
+    try:
+        found, local_shapes = _pieces(shard_fn, indexed, world_size, followed=True)
+    except (Unfollowed, RuntimeError, NotImplementedError) as reason:
+        if indexed.numel() > MOST_INDEXED_ELEMENTS:
+            raise ShapeError(f"the sharding function {_defined_at(shard_fn) or ''} does what "
+                             f"Scalify cannot follow on meta tensors ({reason}), and the "
+                             f"reference, {indexed.numel():,} elements, is too large to read it "
+                             "on index tensors: slice, concatenate, stack and reshape") from None
+        found, local_shapes = _pieces(shard_fn, indexed, world_size, followed=False)
+    return {name: _placement(name, shape, found[name], local_shapes, world_size)
+            for name, shape in zip(indexed.names, indexed.shapes)
+            if found[name] or name not in unmapped}
+
+
+def _pieces(shard_fn: ShardFn, indexed: _Indexed, world_size: int, followed: bool
+            ) -> tuple[dict[str, list[_Found]], dict[tuple[int, str], Shape]]:
+    """Every reference tensor's pieces and every rank tensor's shape, the function run on
+    meta tensors whose values are followed (shard_values.py) or on index tensors."""
     found: dict[str, list[_Found]] = {name: [] for name in indexed.names}
     local_shapes: dict[tuple[int, str], Shape] = {}
     defined_at = _defined_at(shard_fn)
     for rank in range(world_size):
-        mode, tensors = _IndexMode(), indexed.tensors()
+        values = ValueTracker() if followed else None
+        mode = _IndexMode(values)
+        tensors = indexed.meta_tensors(values) if values else indexed.tensors()
         with mode:
             rank_state = shard_fn(tensors, rank, world_size)
         for local, value in rank_state.items():
@@ -208,13 +287,13 @@ def infer_placements(shard_fn: ShardFn, reference_state: dict[str, torch.Tensor]
                                    f" for {local}, not a tensor")
             local_shapes[rank, local] = tuple(value.shape)
             origin = mode.origin(value) or defined_at
-            for item in _read(indexed, rank, local, value, origin):
+            items = (_read_value(indexed, rank, local, values.value(value), origin) if values
+                     else _read(indexed, rank, local, value, origin))
+            for item in items:
                 found[item.ref].append(item)
                 if item.piece.local != local:  # a slab
                     local_shapes[rank, item.piece.local] = tuple(value.shape[1:])
-    return {name: _placement(name, shape, found[name], local_shapes, world_size)
-            for name, shape in zip(indexed.names, indexed.shapes)
-            if found[name] or name not in unmapped}
+    return found, local_shapes
 
 
 def stated_placements(reference: torch.nn.Module, world_size: int,

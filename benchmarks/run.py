@@ -1,4 +1,5 @@
-"""End-to-end benchmarks: capture + verify Llama-3.1 8B and 405B at TP=8, verify cost by layers
+"""End-to-end benchmarks: capture + verify Llama-3.1 8B and 405B at TP=8 (our Megatron-style
+model, and torchtitan's own), verify cost by layers
 and TP degree, capture speed against torch.export; writes its section of RESULTS.md."""
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from results import write_section
 CASES = [
     ("Llama-3.1-8B, 32 layers, TP=8", "configs/experiments/llama-3.1-8b-tp8.yaml"),
     ("Llama-3.1-405B, 126 layers, TP=8", "configs/experiments/llama-3.1-405b-tp8.yaml"),
+    ("torchtitan's Llama 3 405B, 126 layers, TP=8 with SP",
+     "configs/experiments/torchtitan-llama-3.1-405b-tp8.yaml"),
 ]
 
 

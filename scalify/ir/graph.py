@@ -56,10 +56,12 @@ class Graph:
     _index: dict[str, Node] = field(default_factory=dict, repr=False)
 
     def add(self, node: Node) -> Node:
-        missing = [name for name in node.inputs if name not in self._index]
-        if missing:
-            raise ValueError(f"node {node.name} ({node.op}) uses undefined inputs {missing}")
-        if node.name in self._index:
+        index = self._index
+        for name in node.inputs:
+            if name not in index:
+                missing = [name for name in node.inputs if name not in index]
+                raise ValueError(f"node {node.name} ({node.op}) uses undefined inputs {missing}")
+        if node.name in index:
             raise ValueError(f"node name {node.name} defined twice")
         self.nodes.append(node)
         self._index[node.name] = node

@@ -327,7 +327,10 @@ def with_aliases(graph: Graph, equal_earlier: Callable[[Node, Graph], str | None
     alias: dict[str, str] = {}
     result = Graph()
     for node in graph:
-        node = replace(node, inputs=tuple(alias.get(i, i) for i in node.inputs))
+        if alias:
+            inputs = tuple(alias.get(i, i) for i in node.inputs)
+            if inputs != node.inputs:
+                node = replace(node, inputs=inputs)
         kept = equal_earlier(node, result)
         if kept is not None:
             alias[node.name] = kept

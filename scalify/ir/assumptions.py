@@ -100,6 +100,8 @@ def _range(node: Node, graph: Graph, known: dict[str, ValueRange],
         return ValueRange(int(node.attr("value")), int(node.attr("value")))
     if node.op == "topk_index":
         return ValueRange(0, graph[node.inputs[0]].shape[-1] - 1)
+    if node.op == "masked_fill":
+        return _filled_range(node, graph, known)
     if not inputs or None in inputs:
         return None
     if node.op in _MOVES_VALUES or node.op == "concat":
@@ -120,6 +122,63 @@ def _range(node: Node, graph: Graph, known: dict[str, ValueRange],
     if node.op == "matmul":  # a sum of `inner` products
         return _times(_product(*inputs), graph[node.inputs[0]].shape[-1])
     return None
+
+
+def _filled_range(node: Node, graph: Graph, known: dict[str, ValueRange]) -> ValueRange | None:
+    """A fill's values: the fill value, and its input's where the mask is off, bounded by the
+    mask's own tests where they test that input or the value it is shifted from (a shard's
+    local ids, `ids - start` kept where `start <= ids < end`, lie in [0, end - start))."""
+    value = node.attr("value")
+    if not isinstance(value, int) or isinstance(value, bool):
+        return None
+    source = graph[node.inputs[0]]
+    bound = known.get(source.name)
+    mask = graph[node.inputs[1]]
+    tested = (_where(graph, mask.name, False) or {}) if mask.shape == node.shape else {}
+    if source.name in tested:
+        bound = _within(bound, tested[source.name])
+    shift = source.attr("value")
+    if (source.op == "add_scalar" and isinstance(shift, int) and not isinstance(shift, bool)
+            and source.inputs[0] in tested):
+        low, high = tested[source.inputs[0]]
+        bound = _within(bound, (low + shift, high + shift))
+    if bound is None:
+        return None
+    return bound.union(ValueRange(value, value))
+
+
+def _within(bound: ValueRange | None, limits: tuple[float, float]) -> ValueRange | None:
+    low = limits[0] if bound is None else max(bound.low, limits[0])
+    high = limits[1] if bound is None else min(bound.high, limits[1])
+    return ValueRange(int(low), int(high)) if abs(low) != _UNBOUNDED != abs(high) else None
+
+
+_UNBOUNDED = float("inf")
+
+
+def _where(graph: Graph, name: str, truth: bool) -> dict[str, tuple[float, float]] | None:
+    """Bounds on the tested values wherever boolean node `name` is `truth`, by the integer
+    comparisons it is made of (`(ids < s) | (ids >= e)` false: s <= ids <= e - 1)."""
+    node = graph[name]
+    if node.op in ("bitwise_not", "logical_not"):
+        return _where(graph, node.inputs[0], not truth)
+    if (node.op in ("bitwise_and", "logical_and") and truth
+            or node.op in ("bitwise_or", "logical_or") and not truth):
+        both = [_where(graph, i, truth) for i in node.inputs]
+        merged: dict[str, tuple[float, float]] = {}
+        for bounds in both:
+            for tested, (low, high) in (bounds or {}).items():
+                old_low, old_high = merged.get(tested, (-_UNBOUNDED, _UNBOUNDED))
+                merged[tested] = (max(low, old_low), min(high, old_high))
+        return merged or None
+    value = node.attr("value")
+    if node.op not in _ORDERINGS or not isinstance(value, int) or isinstance(value, bool) \
+            or graph[node.inputs[0]].shape != node.shape:
+        return None
+    below, above = {"lt_scalar": (value - 1, value), "le_scalar": (value, value + 1),
+                    "gt_scalar": (value, value + 1), "ge_scalar": (value - 1, value)}[node.op]
+    upper = node.op in ("lt_scalar", "le_scalar")  # true means at most `below`
+    return {node.inputs[0]: (-_UNBOUNDED, below) if upper == truth else (above, _UNBOUNDED)}
 
 
 def _gathered(partners: tuple | None, ranges: list[dict[str, ValueRange]]) -> ValueRange | None:

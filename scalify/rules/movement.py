@@ -234,6 +234,16 @@ def rules() -> list[Rule]:
              "(unsqueeze (merge x (- d 1) i) k)",
              lambda gen, c: {"x": tensor(gen, 2, 3, 4), "k": 0, "d": 1, "i": 3},
              when=("(< k d)",)),
+        # And a squeeze of a unit dim beside merged rows is the merge of the squeezed rows
+        # (a row statistic kept as [b, s, 1], merged to [b * s, 1], then squeezed).
+        Rule("squeeze-over-merge-after", "(squeeze (merge x d i) k)",
+             "(merge (squeeze x (+ k 1)) d i)",
+             lambda gen, c: {"x": tensor(gen, 2, 3, 1), "k": 1, "d": 0, "i": 3},
+             when=("(> k d)", "(= (dimsize x (+ k 1)) 1)")),
+        Rule("squeeze-over-merge-before", "(squeeze (merge x d i) k)",
+             "(merge (squeeze x k) (- d 1) i)",
+             lambda gen, c: {"x": tensor(gen, 1, 2, 3), "k": 0, "d": 1, "i": 3},
+             when=("(< k d)", "(= (dimsize x k) 1)")),
         Rule("merge-unit-dim", "(merge x d i)", "(squeeze x d)",
              lambda gen, c: {"x": tensor(gen, 4, 1, 6), "d": 1, "i": 6},
              when=("(= (dimsize x d) 1)",)),

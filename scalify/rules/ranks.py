@@ -287,6 +287,11 @@ def _movement() -> list[Rule]:
                size="(* s i)"),
         _moved("merge-rcat-after", "merge", "d i", "(- c 1)", ("(> c (+ d 1))",),
                _part(3, four, d=1, i=2)),
+        # The converse, for rows merged before they are joined (a loss's [b * s, v] logits
+        # against ranks that pick from [b, s, v] ones).
+        Rule("rcat-of-merged-rows", "(rcat (merge x d i) k s)", "(merge (rcat x (+ k 1) s) d i)",
+             lambda gen, c: {"x": family(gen, *four), "d": 0, "i": 6, "k": 1, "s": 2},
+             when=("(> k d)",)),
         _moved("split-rcat-before", "split", "d i", "c", ("(< c d)",), _part(0, four, d=1, i=3)),
         _moved("split-rcat-same", "split", "d i", "c", ("(= c d)", "(= (% s i) 0)"),
                _part(1, four, d=1, i=2), size="(/ s i)"),

@@ -114,3 +114,40 @@ def test_orderings_are_not_decided_from_assumed_ranges() -> None:
     graph.outputs = ["below"]
     [kept] = assuming([graph], {"ids": ValueRange(0, 9)})
     assert kept["below"].op == "lt_scalar"
+
+
+class _ShardLookup(nn.Module):
+    """vLLM's local ids (`where(in range, ids - start, 0)`), clamped into the rank's 4 rows."""
+
+    def forward(self, ids):
+        valid = (ids >= 4) & (ids < 8)
+        local = torch.where(valid, ids - 4, 0)
+        return local.clamp(0, 3)
+
+
+def test_a_shards_local_ids_lie_in_its_rows_so_a_clamp_into_them_drops_out() -> None:
+    """Where the mask keeps ids, 4 <= ids < 8, so ids - 4 lies in [0, 3]; elsewhere it is 0."""
+    inputs = {"ids": torch.randint(0, 12, (2, 6))}
+    module = _ShardLookup()
+    graph = capture(module, lambda: module(**inputs), inputs)
+    [decided] = assuming([graph], {})
+    def clamps(g: Graph) -> list[Node]:
+        return [n for n in g if n.op in ("lt_scalar", "gt_scalar")
+                and g[n.inputs[0]].op == "masked_fill"]
+
+    assert len(clamps(graph)) == 2 and not clamps(decided)
+    ids = {"ids": torch.arange(-3, 15).reshape(3, 6)}  # (every input, not only the example's)
+    assert torch.equal(run_graph(decided, ids)[decided.outputs[0]],
+                       run_graph(graph, ids)[graph.outputs[0]])
+
+
+def test_a_fill_beside_unrelated_tests_keeps_its_inputs_range_only() -> None:
+    graph = Graph()
+    graph.add(_node("ids", "placeholder", (), (4,), "int64", kind="input", target="ids", shape=(4,)))
+    graph.add(_node("other", "placeholder", (), (4,), "int64", kind="input", target="other",
+                    shape=(4,)))
+    graph.add(_node("low", "lt_scalar", ("other",), (4,), "bool", value=0))
+    graph.add(_node("kept", "masked_fill", ("ids", "low"), (4,), "int64", value=0))
+    graph.outputs = ["kept"]
+    assert "kept" not in value_ranges([graph], {})[0]
+    assert value_ranges([graph], {"ids": ValueRange(2, 5)})[0]["kept"] == ValueRange(0, 5)

@@ -148,9 +148,12 @@ def _filled_range(node: Node, graph: Graph, known: dict[str, ValueRange]) -> Val
 
 
 def _within(bound: ValueRange | None, limits: tuple[float, float]) -> ValueRange | None:
+    """`bound` (None: unbounded) within `limits`; an empty range as None too, which leaves the
+    fill's range unknown (no position keeps its input, a case no rule needs)."""
     low = limits[0] if bound is None else max(bound.low, limits[0])
     high = limits[1] if bound is None else min(bound.high, limits[1])
-    return ValueRange(int(low), int(high)) if abs(low) != _UNBOUNDED != abs(high) else None
+    bounded = abs(low) != _UNBOUNDED != abs(high) and low <= high
+    return ValueRange(int(low), int(high)) if bounded else None
 
 
 _UNBOUNDED = float("inf")

@@ -151,3 +151,15 @@ def test_a_fill_beside_unrelated_tests_keeps_its_inputs_range_only() -> None:
     graph.outputs = ["kept"]
     assert "kept" not in value_ranges([graph], {})[0]
     assert value_ranges([graph], {"ids": ValueRange(2, 5)})[0]["kept"] == ValueRange(0, 5)
+
+
+def test_a_fill_whose_mask_keeps_no_value_in_range_has_no_range() -> None:
+    """`4 <= ids < 2` never holds: no position keeps the input (an empty range, not an error)."""
+    graph = Graph()
+    graph.add(_node("ids", "placeholder", (), (4,), "int64", kind="input", target="ids", shape=(4,)))
+    graph.add(_node("low", "lt_scalar", ("ids",), (4,), "bool", value=4))
+    graph.add(_node("high", "ge_scalar", ("ids",), (4,), "bool", value=2))
+    graph.add(_node("out", "bitwise_or", ("low", "high"), (4,), "bool"))
+    graph.add(_node("kept", "masked_fill", ("ids", "out"), (4,), "int64", value=0))
+    graph.outputs = ["kept"]
+    assert "kept" not in value_ranges([graph], {})[0]

@@ -222,13 +222,18 @@ def _row(cell: Cell, outcome: Outcome) -> list[str]:
 
 def run_all(cells: list, run: Callable[[Any], Outcome], jobs: int) -> dict[Any, Outcome]:
     """Every cell's outcome, `jobs` cells at once (each in a process of its own), a line
-    printed as each finishes."""
+    printed as each finishes. A cell whose run raises is a failed `crash` (its error as where),
+    and the other cells still run."""
     outcomes: dict[Any, Outcome] = {}
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         running = {pool.submit(run, cell): cell for cell in cells}
         for done in as_completed(running):
             cell = running[done]
-            outcomes[cell] = done.result()
+            try:
+                outcomes[cell] = done.result()
+            except Exception as error:  # noqa: BLE001 (any error of the cell's run)
+                outcomes[cell] = Outcome("crash", False, None, 0.0, False,
+                                         f"{type(error).__name__}: {error}")
             print(f"[{len(outcomes)}/{len(cells)}] {cell.name}: {outcomes[cell].verdict} "
                   f"({outcomes[cell].seconds:.0f} s)", flush=True)
     return outcomes
